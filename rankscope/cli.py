@@ -1,0 +1,72 @@
+"""The ``rankscope`` command line.
+
+Each command lives next to what it drives (collector/, analyzer/, dashboards/)
+and registers itself here through a ``register(subparsers)`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from rankscope import __version__
+from rankscope.config import DEFAULT_BUCKET, DEFAULT_STORE
+
+#: Modules that each add one or more subcommands.
+COMMAND_MODULES = [
+    "rankscope.cli_store",
+]
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    """``--store`` and ``--bucket``, shared by every command that touches data."""
+    parser.add_argument(
+        "--store", metavar="URL|PATH", default=None,
+        help=f"http(s):// URL of an InfluxDB server, or the path of an embedded store "
+             f"(env RANKSCOPE_STORE; default {DEFAULT_STORE}). Credentials come from the "
+             f"environment: INFLUXDB_V2_TOKEN/INFLUXDB_V2_ORG (2.x, 3.x) or "
+             f"INFLUXDB_V1_USERNAME/INFLUXDB_V1_PASSWORD (1.x).")
+    parser.add_argument(
+        "--bucket", default=None,
+        help=f"bucket on InfluxDB 2.x/3.x, database on 1.x, created on 1.x when missing "
+             f"(env RANKSCOPE_BUCKET; default {DEFAULT_BUCKET})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rankscope",
+        description="Fail-slow diagnosis for large distributed training jobs: collect per-rank, "
+                    "per-stage latencies, find iteration-time change points (L1), compare ranks "
+                    "inside parallel groups (L2), and name the culprit ranks, node and fault class.",
+    )
+    parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"rankscope {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The data model: stages, and the InfluxDB measurements rankscope reads and writes.
+
+Documented for people in ``docs/schema.md``; this module is the single source of
+truth that the collector, the analyzer and the dashboards import.
+
+``stage_latency`` holds ONE point per rank per iteration (tags job, rank, pp, dp,
+tp, ep_group, node; one float field per stage in milliseconds, plus
+``iteration`` and ``iteration_ms``), so the series cardinality equals the rank
+count rather than ranks x stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+StageKind = Literal["compute", "comm", "host"]
+STAGE_KINDS: tuple[StageKind, ...] = ("compute", "comm", "host")
+#: Group kinds a communication stage can run in (see ``Topology.group_ids``).
+COMM_GROUPS = ("tp", "dp", "ep", "pipeline")
+
+
+class SchemaError(ValueError):
+    """A stage declaration or a frame that does not fit the data model."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One timed stage of an iteration.
+
+    ``kind`` says what its time means: ``compute`` is pure device work (no
+    communication), ``comm`` a collective or p2p transfer whose measured time
+    includes waiting for the other members of ``group``, ``host`` CPU-side work
+    such as the data loader.
+    """
+
+    name: str
+    kind: StageKind
+    group: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").isalnum():
+            raise SchemaError(f"stage name {self.name!r} must be letters, digits and '_'")
+        if self.name in RESERVED_FIELDS:
+            raise SchemaError(f"stage name {self.name!r} is reserved")
+        if self.kind not in STAGE_KINDS:
+            raise SchemaError(f"stage {self.name!r}: kind {self.kind!r} is not one of {', '.join(STAGE_KINDS)}")
+        if self.kind == "comm" and self.group not in COMM_GROUPS:
+            raise SchemaError(
+                f"stage {self.name!r}: a comm stage needs group = one of {', '.join(COMM_GROUPS)}, got {self.group!r}"
+            )
+        if self.kind != "comm" and self.group is not None:
+            raise SchemaError(f"stage {self.name!r}: only comm stages have a group")
+
+
+@dataclass(frozen=True)
+class StageSet:
+    """An ordered set of stages; the field names of ``stage_latency``."""
+
+    stages: tuple[Stage, ...]
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.stages]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise SchemaError(f"duplicate stage name(s): {', '.join(sorted(dup))}")
+        if not names:
+            raise SchemaError("a stage set needs at least one stage")
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def __iter__(self):
+        return iter(self.stages)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __getitem__(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise SchemaError(f"unknown stage {name!r}; known: {', '.join(self.names)}")
+
+    def of_kind(self, kind: StageKind) -> list[str]:
+        return [s.name for s in self.stages if s.kind == kind]
+
+    def index(self, name: str) -> int:
+        return self.names.index(self[name].name)
+
+    @classmethod
+    def from_config(cls, table: Mapping[str, object]) -> StageSet:
+        """Build from a ``[stages]`` config table.
+
+        Each entry is ``name = "compute"`` / ``"host"``, or
+        ``name = {kind = "comm", group = "dp"}``; an optional ``alias`` list maps
+        the training framework's own timer names (e.g. Megatron-LM's
+        ``"forward-compute"``) to the stage.
+        """
+        stages = []
+        for name, spec in table.items():
+            if isinstance(spec, str):
+                stages.append(Stage(name, spec))  # type: ignore[arg-type]
+            elif isinstance(spec, Mapping):
+                unknown = set(spec) - {"kind", "group", "description", "alias"}
+                if unknown:
+                    raise SchemaError(f"stage {name!r}: unknown key(s) {', '.join(sorted(unknown))}")
+                stages.append(Stage(name, spec.get("kind"), spec.get("group"), spec.get("description", "")))  # type: ignore[arg-type]
+            else:
+                raise SchemaError(f"stage {name!r}: expected a kind string or a table, got {spec!r}")
+        return cls(tuple(stages))
+
+
+# ----------------------------------------------------------------- measurements
+STAGE_LATENCY = "stage_latency"
+EVENT = "event"
+L1_CHANGEPOINT = "l1_changepoint"
+L2_GROUP = "l2_group"
+L2_RANK = "l2_rank"
+INCIDENT = "incident"
+
+#: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames).
+RANK_TAGS = ("job", "rank", "pp", "dp", "tp", "ep_group", "node")
+#: Non-stage fields of ``stage_latency``.
+ITERATION_FIELD = "iteration"
+ITERATION_MS_FIELD = "iteration_ms"
+RESERVED_FIELDS = frozenset({ITERATION_FIELD, ITERATION_MS_FIELD, "time", *RANK_TAGS})
+
+
+#: The default stages of an MoE transformer iteration (IL-0477's job).
+DEFAULT_STAGES = StageSet((
+    Stage("attention", "compute", description="self-attention forward+backward"),
+    Stage("mlp", "compute", description="expert / MLP compute (no communication)"),
+    Stage("dispatch", "comm", "ep", "EP all-to-all sending tokens to experts"),
+    Stage("combine", "comm", "ep", "EP all-to-all returning expert outputs"),
+    Stage("pp_send", "comm", "pipeline", "pipeline p2p send to the next stage"),
+    Stage("pp_recv", "comm", "pipeline", "pipeline p2p receive from the previous stage"),
+    Stage("reduce_scatter", "comm", "dp", "DP gradient reduce-scatter"),
+    Stage("all_gather", "comm", "dp", "DP parameter all-gather"),
+    Stage("optimizer", "compute", description="optimizer step"),
+    Stage("dataloader", "host", description="host-side batch loading"),
+))
+
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Name, tags and fields of one measurement (fields with their type)."""
+
+    name: str
+    tags: tuple[str, ...]
+    fields: Mapping[str, str]  # field -> "float" | "int" | "str"
+    description: str = ""
+
+
+MEASUREMENTS: dict[str, Measurement] = {
+    STAGE_LATENCY: Measurement(
+        STAGE_LATENCY, RANK_TAGS,
+        {ITERATION_FIELD: "int", ITERATION_MS_FIELD: "float", "<stage>": "float"},
+        "one point per rank per iteration; one float field (ms) per stage",
+    ),
+    EVENT: Measurement(
+        EVENT, ("job", "name", "node", "severity", "source"),
+        {"rank": "int", "text": "str", "value": "int"},
+        "out-of-band events (e.g. 'server port down'); rank -1 when the event names no rank",
+    ),
+    L1_CHANGEPOINT: Measurement(
+        L1_CHANGEPOINT, ("job", "scope", "rank", "kind"),
+        {"iteration": "int", "before_ms": "float", "after_ms": "float", "magnitude": "float",
+         "ranks_affected": "int", "recovered_iteration": "int", "text": "str"},
+        "L1 spikes and steps of the iteration time; time = onset; scope 'job' (median over ranks, rank '-1') or 'rank'",
+    ),
+    L2_GROUP: Measurement(
+        L2_GROUP, ("job", "group_type", "group_id", "stage"),
+        {"cv": "float", "mean": "float", "median": "float", "min": "float", "max": "float",
+         "std": "float", "size": "int", "anomalous": "int"},
+        "per group and stage statistics over the analysis window; time = window end",
+    ),
+    L2_RANK: Measurement(
+        L2_RANK, ("job", "rank", "stage", "node"),
+        {"value": "float", "ratio": "float", "z": "float", "baseline_ratio": "float",
+         "group_type": "str", "group_id": "int"},
+        "per rank scores above the reporting floor only; time = window end",
+    ),
+    INCIDENT: Measurement(
+        INCIDENT, ("job", "id", "class"),
+        {"title": "str", "text": "str", "tags": "str", "status": "str", "ranks": "str",
+         "nodes": "str", "stage": "str", "ratio": "float", "group_type": "str",
+         "group_ranks": "str", "onset_iteration": "int", "resolved_iteration": "int",
+         "events": "str", "evidence": "str", "updated_ms": "int"},
+        "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved)",
+    ),
+}
+
+
+def stage_fields(columns: Iterable[str]) -> list[str]:
+    """The stage columns of a ``stage_latency`` frame (everything not a tag or reserved)."""
+    return [c for c in columns if c not in RESERVED_FIELDS]

@@ -1,0 +1,236 @@
+"""The one small store interface the collector and the analyzer talk to.
+
+A store writes frames of points and reads measurements back as frames. Two
+backends implement it: :class:`~rankscope.store.influx.InfluxStore` (InfluxDB
+1.x/2.x/3.x) and :class:`~rankscope.store.embedded.EmbeddedStore` (a local
+SQLite file, for newcomers and the demo). Everything above this module is
+pure functions over frames.
+
+Frames: one row per point; a ``time`` column of integer epoch milliseconds;
+tag columns (ints or strings); field columns (float, int or str). Reads return
+the same shape, with the integer tags of :mod:`rankscope.schema` as ints.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from rankscope import schema
+from rankscope.lineprotocol import check_key
+
+log = logging.getLogger(__name__)
+
+#: Tags that hold integers in frames (strings in InfluxDB).
+INT_TAGS = frozenset({"rank", "pp", "dp", "tp", "ep_group", "node", "group_id"})
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One value refused by validation; the rest of its batch is still written."""
+
+    row: int
+    rank: int | None
+    field: str
+    value: float
+    reason: str
+
+    def __str__(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else f"row {self.row}"
+        return f"{who}, {self.field}={self.value!r}: {self.reason}"
+
+
+@dataclass
+class WriteReport:
+    measurement: str
+    written: int = 0
+    rejected: list[Rejection] = field(default_factory=list)
+
+
+class RejectedPointsError(ValueError):
+    """Raised after a write in which some points were refused (the valid ones were written)."""
+
+    def __init__(self, report: WriteReport):
+        self.report = report
+        shown = "; ".join(str(r) for r in report.rejected[:5])
+        more = f" (and {len(report.rejected) - 5} more)" if len(report.rejected) > 5 else ""
+        super().__init__(
+            f"{len(report.rejected)} point(s) of {report.measurement} refused, "
+            f"{report.written} written: {shown}{more}"
+        )
+
+
+class StoreError(RuntimeError):
+    """The backend failed (server down, bad query, bad credentials)."""
+
+
+def validate(frame: pd.DataFrame, fields: Sequence[str], nonnegative: Sequence[str] = ()) -> tuple[np.ndarray, list[Rejection]]:
+    """Mask of rows whose numeric fields are finite (and non-negative where asked).
+
+    A NaN is a missing value (left out of the point), not an error; +-inf and
+    negative durations are errors naming the rank and the field.
+    """
+    ok = np.ones(len(frame), dtype=bool)
+    rejected: list[Rejection] = []
+    ranks = frame["rank"].to_numpy() if "rank" in frame.columns else None
+    nonneg = set(nonnegative)
+    for f in fields:
+        col = frame[f].to_numpy()
+        if col.dtype.kind not in "fiu":
+            continue
+        bad = np.isinf(col) if col.dtype.kind == "f" else np.zeros(len(col), dtype=bool)
+        neg = (col < 0) if f in nonneg else np.zeros(len(col), dtype=bool)
+        for i in np.flatnonzero(bad | neg):
+            reason = "not a finite number" if bad[i] else "a duration cannot be negative"
+            rejected.append(Rejection(int(i), None if ranks is None else int(ranks[i]), f, float(col[i]), reason))
+        ok &= ~(bad | neg)
+    if "time" in frame.columns:
+        tcol = frame["time"]
+        if not pd.api.types.is_integer_dtype(tcol):
+            raise ValueError("the time column must hold integer epoch milliseconds")
+    return ok, rejected
+
+
+def check_tags(frame: pd.DataFrame, tags: Sequence[str]) -> None:
+    """Refuse, before anything is written, tag values line protocol cannot carry."""
+    for t in tags:
+        check_key(t, "tag key")
+        for v in pd.unique(frame[t].astype(str)):
+            check_key(v, f"tag {t!r} value")
+
+
+class Store(ABC):
+    """Write frames of points, read measurements back as frames."""
+
+    bucket: str
+
+    # -------------------------------------------------------------- writing
+    def write(
+        self,
+        measurement: str,
+        frame: pd.DataFrame,
+        tags: Sequence[str],
+        fields: Sequence[str],
+        nonnegative: Sequence[str] = (),
+    ) -> WriteReport:
+        """Write ``frame`` (needs a ``time`` column of epoch ms).
+
+        Invalid values (inf, negative durations) are refused with a
+        :class:`RejectedPointsError` naming rank and field, raised AFTER the
+        valid points of the batch have been written. A tag value that line
+        protocol cannot carry refuses the whole batch before anything is written.
+        """
+        check_key(measurement, "measurement name")
+        missing = [c for c in ("time", *tags, *fields) if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{measurement}: frame lacks column(s) {', '.join(missing)}")
+        check_tags(frame, tags)
+        ok, rejected = validate(frame, fields, nonnegative)
+        good = frame if ok.all() else frame.loc[ok]
+        report = WriteReport(measurement, 0, rejected)
+        if len(good):
+            self._write(measurement, good, list(tags), list(fields))
+            report.written = len(good)
+        if rejected:
+            raise RejectedPointsError(report)
+        return report
+
+    def write_measurement(self, measurement: str, frame: pd.DataFrame) -> WriteReport:
+        """Write a frame of one of the schema's measurements: its tags, all other columns as fields."""
+        m = schema.MEASUREMENTS[measurement]
+        tags = [t for t in m.tags if t in frame.columns]
+        fields = [c for c in frame.columns if c != "time" and c not in m.tags]
+        return self.write(measurement, frame, tags, fields)
+
+    def write_stage_latency(self, frame: pd.DataFrame) -> WriteReport:
+        """Write ``stage_latency`` points (one row per rank per iteration)."""
+        tags = [t for t in schema.RANK_TAGS if t in frame.columns]
+        if "job" not in tags or "rank" not in tags:
+            raise ValueError("stage_latency frames need job and rank columns")
+        stages = schema.stage_fields(frame.columns)
+        fields = [schema.ITERATION_FIELD, schema.ITERATION_MS_FIELD, *stages]
+        fields = [f for f in fields if f in frame.columns]
+        return self.write(schema.STAGE_LATENCY, frame, tags, fields,
+                          nonnegative=[schema.ITERATION_MS_FIELD, *stages])
+
+    @abstractmethod
+    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str]) -> None:
+        """Write validated points."""
+
+    # -------------------------------------------------------------- reading
+    @abstractmethod
+    def read(
+        self,
+        measurement: str,
+        job: str | None = None,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+        where: dict[str, str | int] | None = None,
+    ) -> pd.DataFrame:
+        """Points of ``measurement`` (optionally one job, tag equalities, and an inclusive
+        time range), sorted by time, as a frame with a ``time`` column in epoch ms."""
+
+    @abstractmethod
+    def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
+        """The ``n`` most recent distinct timestamps of a job's points, newest first."""
+
+    @abstractmethod
+    def jobs(self) -> list[str]:
+        """Job names that have ``stage_latency`` points."""
+
+    def read_stage_latency(
+        self,
+        job: str,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+        last_iterations: int | None = None,
+    ) -> pd.DataFrame:
+        """A job's ``stage_latency`` window: rows (iteration, rank), columns tags + stages.
+
+        ``last_iterations`` selects the most recent N iterations (by timestamp)
+        instead of, or inside, the time range.
+        """
+        if last_iterations is not None:
+            if last_iterations < 1:
+                raise ValueError("last_iterations must be >= 1")
+            times = self.latest_times(schema.STAGE_LATENCY, job, last_iterations)
+            if not times:
+                return pd.DataFrame()
+            start_ms = max(start_ms or times[-1], times[-1])
+        df = self.read(schema.STAGE_LATENCY, job, start_ms, end_ms)
+        if len(df) and schema.ITERATION_FIELD in df.columns:
+            df[schema.ITERATION_FIELD] = df[schema.ITERATION_FIELD].astype(np.int64)
+            df = df.sort_values(["time", "rank"], kind="stable").reset_index(drop=True)
+        return df
+
+    def read_events(self, job: str | None = None, start_ms: int | None = None,
+                    end_ms: int | None = None) -> pd.DataFrame:
+        return self.read(schema.EVENT, job, start_ms, end_ms)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def normalise_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Integer tags to ints; sorted by time. Shared by both backends' reads."""
+    for t in INT_TAGS & set(df.columns):
+        col = df[t]
+        if col.dtype == object or pd.api.types.is_string_dtype(col):
+            num = pd.to_numeric(col, errors="coerce")
+            if num.notna().all():
+                df[t] = num.astype(np.int64)
+    if "time" in df.columns and len(df):
+        df["time"] = df["time"].astype(np.int64)
+        df = df.sort_values("time", kind="stable").reset_index(drop=True)
+    return df

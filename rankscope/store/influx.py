@@ -1,0 +1,327 @@
+"""InfluxDB backend: line protocol out, InfluxQL in.
+
+Writes go through influxdb-client's WriteApi (``/api/v2/write``: token, org,
+bucket, retries) on servers with the v2 API (InfluxDB 2.x, 3.x), and through
+``/write`` (database, retention policy, basic auth) on 1.x. Which one is
+picked from the ``X-Influxdb-Version`` header of ``/ping``; ``api="v1"`` or
+``"v2"`` overrides it. Reads are InfluxQL over ``/query`` on every version
+(2.x maps the bucket through a (virtual) DBRP mapping, 3.x serves it natively).
+
+Credentials come from the environment (see :func:`rankscope.config.influx_settings`);
+they are never logged and never part of ``repr``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+
+import pandas as pd
+
+from rankscope import schema
+from rankscope.lineprotocol import encode_frame, quote_ident, quote_string
+from rankscope.store.base import INT_TAGS, Store, StoreError, normalise_frame
+
+log = logging.getLogger(__name__)
+
+#: Points per HTTP write request.
+WRITE_BATCH = 10_000
+
+
+class InfluxStore(Store):
+    """A store on an InfluxDB server.
+
+    Parameters
+    ----------
+    url: base URL, e.g. ``http://127.0.0.1:8086``.
+    bucket: bucket on 2.x/3.x, database on 1.x (created on 1.x when missing).
+    token, org: v2 credentials (``INFLUXDB_V2_TOKEN``, ``INFLUXDB_V2_ORG``).
+    username, password: v1 credentials (``INFLUXDB_V1_USERNAME``, ``INFLUXDB_V1_PASSWORD``).
+    api: ``"auto"`` (from ``/ping``), ``"v1"`` or ``"v2"``.
+    retention_policy: v1 retention policy for writes and reads (default: the database's default).
+    timeout_s: per request.
+    retries: attempts for a failed write (with backoff) before giving up.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        bucket: str = "rankscope",
+        token: str | None = None,
+        org: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        api: str = "auto",
+        retention_policy: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+    ):
+        if api not in ("auto", "v1", "v2"):
+            raise ValueError(f"api must be auto, v1 or v2, got {api!r}")
+        self.url = url.rstrip("/")
+        self.bucket = bucket
+        self.org = org
+        self.retention_policy = retention_policy
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self._token = token
+        self._username = username
+        self._password = password
+        self._api = api
+        self._db_ready = False
+        self._client = None
+        self._write_api = None
+
+    def __repr__(self) -> str:
+        return f"InfluxStore(url={self.url!r}, bucket={self.bucket!r}, api={self._api!r})"
+
+    # ------------------------------------------------------------- plumbing
+    @property
+    def api(self) -> str:
+        if self._api == "auto":
+            self._api = self._detect_api()
+        return self._api
+
+    def ping(self) -> str:
+        """The server's version string (raises StoreError when it does not answer)."""
+        try:
+            with urllib.request.urlopen(self.url + "/ping", timeout=self.timeout_s) as resp:
+                return resp.headers.get("X-Influxdb-Version", "") or ""
+        except (urllib.error.URLError, OSError) as exc:
+            raise StoreError(f"InfluxDB at {self.url} does not answer /ping: {exc}") from exc
+
+    def _detect_api(self) -> str:
+        version = self.ping().lstrip("v")
+        major = version.split(".", 1)[0]
+        api = "v1" if major in ("0", "1") else "v2"
+        log.info("InfluxDB %s at %s: using the %s write API", version or "?", self.url, api)
+        return api
+
+    def _headers(self) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if self.api == "v2" and self._token:
+            h["Authorization"] = f"Token {self._token}"
+        elif self._username is not None:
+            raw = f"{self._username}:{self._password or ''}".encode()
+            h["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        return h
+
+    def _request(self, path: str, params: dict[str, str], body: bytes | None = None,
+                 headers: dict[str, str] | None = None, method: str = "POST") -> tuple[int, bytes, str]:
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        req = urllib.request.Request(url, data=body, method=method, headers={**self._headers(), **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.status, resp.read(), resp.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise StoreError(f"InfluxDB {path} answered {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise StoreError(f"InfluxDB at {self.url} unreachable ({path}): {exc}") from exc
+
+    def query_raw(self, q: str, accept_csv: bool = False) -> pd.DataFrame:
+        """Run one InfluxQL statement; the result of its first series set as a frame.
+
+        Times are epoch ms. Asks for CSV (fast to parse) and falls back to JSON
+        when the server answers JSON.
+        """
+        params = {"db": self.bucket, "q": q, "epoch": "ms"}
+        if self.retention_policy:
+            params["rp"] = self.retention_policy
+        headers = {"Accept": "application/csv"} if accept_csv else {}
+        _, body, ctype = self._request("/query", params, headers=headers)
+        if "csv" in ctype:
+            return _parse_csv(body)
+        return _parse_json(body)
+
+    def execute(self, q: str) -> None:
+        """Run a statement that returns no rows (CREATE DATABASE, DROP ...)."""
+        _, body, _ = self._request("/query", {"q": q, "db": self.bucket})
+        _raise_statement_error(body)
+
+    # --------------------------------------------------------------- writes
+    def _ensure_database(self) -> None:
+        if self._db_ready or self.api != "v1":
+            return
+        self.execute(f"CREATE DATABASE {quote_ident(self.bucket)}")
+        self._db_ready = True
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        """Send encoded line protocol (ms precision) in batches of ``WRITE_BATCH``."""
+        if not lines:
+            return
+        self._ensure_database()
+        for i in range(0, len(lines), WRITE_BATCH):
+            chunk = lines[i:i + WRITE_BATCH]
+            if self.api == "v2":
+                self._write_v2(chunk)
+            else:
+                self._write_v1("\n".join(chunk).encode())
+
+    def _write_v1(self, body: bytes) -> None:
+        params = {"db": self.bucket, "precision": "ms"}
+        if self.retention_policy:
+            params["rp"] = self.retention_policy
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            try:
+                self._request("/write", params, body, {"Content-Type": "text/plain; charset=utf-8"})
+                return
+            except StoreError as exc:
+                # 4xx is the data's fault (no use retrying); anything else may pass.
+                if " answered 4" in str(exc) or attempt == self.retries:
+                    raise
+                log.warning("write failed (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay *= 2
+
+    def _write_v2(self, lines: Sequence[str]) -> None:
+        from influxdb_client import InfluxDBClient, WritePrecision
+        from influxdb_client.client.write_api import SYNCHRONOUS
+        from urllib3 import Retry
+
+        if self._write_api is None:
+            self._client = InfluxDBClient(
+                url=self.url, token=self._token or "", org=self.org or "-",
+                timeout=int(self.timeout_s * 1000),
+                retries=Retry(total=self.retries, backoff_factor=0.5,
+                              status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None),
+            )
+            self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+        try:
+            self._write_api.write(bucket=self.bucket, org=self.org or "-", record=list(lines),
+                                  write_precision=WritePrecision.MS)
+        except Exception as exc:  # the client raises ApiException, urllib3 errors, ...
+            status = getattr(exc, "status", None)
+            reason = getattr(exc, "body", None) or getattr(exc, "reason", None) or exc
+            raise StoreError(f"InfluxDB /api/v2/write failed ({status}): {reason}") from None
+
+    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str]) -> None:
+        self.write_lines(encode_frame(measurement, frame, tags, fields))
+
+    # ---------------------------------------------------------------- reads
+    def _where(self, job: str | None, start_ms: int | None, end_ms: int | None,
+               where: dict[str, str | int] | None) -> str:
+        conds = []
+        if job is not None:
+            conds.append(f"{quote_ident('job')} = {quote_string(job)}")
+        for k, v in (where or {}).items():
+            conds.append(f"{quote_ident(k)} = {quote_string(str(v))}")
+        if start_ms is not None:
+            conds.append(f"time >= {int(start_ms)}ms")
+        if end_ms is not None:
+            conds.append(f"time <= {int(end_ms)}ms")
+        return (" WHERE " + " AND ".join(conds)) if conds else ""
+
+    def read(self, measurement, job=None, start_ms=None, end_ms=None, where=None) -> pd.DataFrame:
+        q = f"SELECT * FROM {quote_ident(measurement)}{self._where(job, start_ms, end_ms, where)}"
+        try:
+            # CSV parses several times faster; its header names columns ``name`` and
+            # ``tags``, so it is used only where no tag or field is called that.
+            df = self.query_raw(q, accept_csv=measurement == schema.STAGE_LATENCY)
+        except StoreError as exc:
+            if "database not found" in str(exc):
+                return pd.DataFrame()
+            raise
+        return normalise_frame(df)
+
+    def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
+        m = quote_ident(measurement)
+        w = self._where(job, None, None, None)
+        last = self.query_raw(f"SELECT * FROM {m}{w} ORDER BY time DESC LIMIT 1")
+        if not len(last):
+            return []
+        probe = {"rank": str(last["rank"].iloc[0])} if "rank" in last.columns else None
+        df = self.query_raw(f"SELECT * FROM {m}{self._where(job, None, None, probe)} ORDER BY time DESC LIMIT {int(n)}")
+        return sorted({int(t) for t in df["time"]}, reverse=True)
+
+    def jobs(self) -> list[str]:
+        try:
+            df = self.query_raw('SHOW TAG VALUES FROM "stage_latency" WITH KEY = "job"')
+        except StoreError as exc:
+            if "database not found" in str(exc):
+                return []
+            raise
+        return sorted(df["value"].astype(str).tolist()) if len(df) else []
+
+    def drop_database(self) -> None:
+        """Drop the 1.x database (tests)."""
+        self.execute(f"DROP DATABASE {quote_ident(self.bucket)}")
+        self._db_ready = False
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+            self._write_api = None
+
+
+def _raise_statement_error(body: bytes) -> None:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        return
+    for res in data.get("results", []):
+        if "error" in res:
+            raise StoreError(f"InfluxQL error: {res['error']}")
+    if "error" in data:
+        raise StoreError(f"InfluxQL error: {data['error']}")
+
+
+def _string_columns() -> frozenset[str]:
+    """Columns that stay strings when read back from CSV: string tags and string fields."""
+    out = set()
+    for m in schema.MEASUREMENTS.values():
+        out.update(t for t in m.tags if t not in INT_TAGS)
+        out.update(f for f, kind in m.fields.items() if kind == "str")
+    return frozenset(out)
+
+
+STRING_COLUMNS = _string_columns()
+
+
+def _parse_csv(body: bytes) -> pd.DataFrame:
+    """InfluxDB's CSV answer as a frame; numbers where the text is numeric, except
+    in the schema's string columns (a job named "7" stays "7")."""
+    if not body.strip():
+        return pd.DataFrame()
+    if body.lstrip().startswith(b"{"):
+        return _parse_json(body)
+    df = pd.read_csv(io.BytesIO(body), dtype=str, keep_default_na=False)
+    if "error" in df.columns and len(df.columns) <= 2:
+        raise StoreError(f"InfluxQL error: {df['error'].iloc[0]}")
+    df = df.drop(columns=[c for c in ("name", "tags") if c in df.columns])
+    for c in df.columns:
+        col = df[c]
+        if c in STRING_COLUMNS:
+            df[c] = col.replace("", None).astype(object)
+            continue
+        num = pd.to_numeric(col.replace("", None), errors="coerce")
+        if num.notna().sum() == (col != "").sum():
+            df[c] = num
+        else:
+            df[c] = col.replace("", None).astype(object)
+    return df
+
+
+def _parse_json(body: bytes) -> pd.DataFrame:
+    data = json.loads(body or b"{}")
+    if "error" in data:
+        raise StoreError(f"InfluxQL error: {data['error']}")
+    frames = []
+    for res in data.get("results", []):
+        if "error" in res:
+            raise StoreError(f"InfluxQL error: {res['error']}")
+        for s in res.get("series", []):
+            f = pd.DataFrame(s.get("values", []), columns=s["columns"])
+            for k, v in (s.get("tags") or {}).items():
+                f[k] = v
+            frames.append(f)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

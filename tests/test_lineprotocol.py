@@ -1,0 +1,45 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from rankscope.lineprotocol import (
+    LineProtocolError,
+    encode_frame,
+    encode_lines,
+    encode_prefixes,
+    quote_string,
+)
+
+
+def test_escaping_rules():
+    tags = pd.DataFrame({"job": ["a b,c=d"], "rank": [3]})
+    prefix = encode_prefixes("my m,x", tags)
+    assert prefix.tolist() == [r"my\ m\,x,job=a\ b\,c\=d,rank=3"]
+    lines = encode_lines(prefix, {"f k": np.array([1.5]), "n": np.array([7]),
+                                  "s": np.array(['say "hi" \\ bye'], dtype=object)}, 42)
+    assert lines == [r'my\ m\,x,job=a\ b\,c\=d,rank=3 f\ k=1.5,n=7i,s="say \"hi\" \\ bye" 42']
+
+
+def test_floats_are_shortest_round_trip():
+    vals = np.array([0.1, 1 / 3, 1e-300, 123456789.123456789])
+    lines = encode_lines(np.array(["m"] * 4, dtype=object), {"v": vals}, np.arange(4))
+    back = [float(line.split("v=")[1].split(" ")[0]) for line in lines]
+    assert back == vals.tolist()
+
+
+def test_missing_values_are_left_out():
+    df = pd.DataFrame({"time": [1, 2], "job": ["j", "j"], "a": [1.0, np.nan], "b": [np.nan, 2.0]})
+    assert encode_frame("m", df, ["job"], ["a", "b"]) == ["m,job=j a=1.0 1", "m,job=j b=2.0 2"]
+
+
+@pytest.mark.parametrize("bad", ["two\nlines", "cr\r", "ends\\", "slash\\,comma", "slash\\ space"])
+def test_uncarriable_tag_values_refused(bad):
+    with pytest.raises(LineProtocolError, match="line protocol cannot carry"):
+        encode_prefixes("m", pd.DataFrame({"job": [bad]}))
+
+
+def test_influxql_string_quoting():
+    assert quote_string("it's") == r"'it\'s'"
+    assert quote_string("a\\b") == r"'a\\b'"
+    with pytest.raises(LineProtocolError):
+        quote_string("x\ny")
