@@ -1,0 +1,120 @@
+"""Run the benchmarks and rebuild BENCHMARKS.md.
+
+Each ``benchmarks/bench_<area>.py`` has ``run(ctx: BenchContext) -> str`` returning a
+Markdown section. Results of each area are kept in ``benchmarks/results/<area>.md``
+and BENCHMARKS.md is assembled from all of them, so running one area refreshes its
+section without losing the others.
+
+    python -m benchmarks.run               # every area
+    python -m benchmarks.run encoder sim   # only these areas
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass
+class BenchContext:
+    """What a benchmark gets: an InfluxDB URL (started for the run) and timing helpers."""
+
+    influx_url: str | None = None
+    repeat: int = 7
+    notes: list[str] = field(default_factory=list)
+
+    def median_s(self, fn: Callable[[], object], repeat: int | None = None, warmup: int = 1) -> float:
+        """Median wall time of ``fn`` over ``repeat`` runs, after ``warmup`` runs."""
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeat or self.repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def side_by_side(self, fns: dict[str, Callable[[], object]], repeat: int | None = None) -> dict[str, float]:
+        """Medians of several functions measured interleaved (a, b, a, b, ...), so
+        machine noise hits them alike; the ratios are the figures to quote."""
+        for fn in fns.values():
+            fn()
+        samples: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(repeat or self.repeat):
+            for k, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                samples[k].append(time.perf_counter() - t0)
+        return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def areas() -> list[str]:
+    return sorted(p.stem[len("bench_"):] for p in (ROOT / "benchmarks").glob("bench_*.py"))
+
+
+def assemble() -> None:
+    parts = [
+        "# Benchmarks\n",
+        "Produced by `make bench` (`python -m benchmarks.run [AREA ...]`); each section says the "
+        "exact command that refreshes it. Figures are medians; where two things are compared they "
+        "were measured side by side, interleaved, in one run, and the ratio is the figure to quote "
+        "(the machines are noisy).\n",
+    ]
+    for f in sorted(RESULTS.glob("*.md")):
+        parts.append(f.read_text().rstrip() + "\n")
+    (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("areas", nargs="*", help=f"areas to run (default all: {', '.join(areas())})")
+    ap.add_argument("--repeat", type=int, default=7, help="timed repetitions per measurement (default 7)")
+    args = ap.parse_args(argv)
+    chosen = args.areas or areas()
+    unknown = set(chosen) - set(areas())
+    if unknown:
+        ap.error(f"unknown area(s) {', '.join(sorted(unknown))}; known: {', '.join(areas())}")
+    sys.path.insert(0, str(ROOT))
+    from tests.influx_server import InfluxServer, external_url
+
+    server = None
+    url = external_url()
+    if url is None:
+        server = InfluxServer().start()
+        url = server.url
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    try:
+        for area in chosen:
+            print(f"== {area}", flush=True)
+            ctx = BenchContext(influx_url=url, repeat=args.repeat)
+            t0 = time.perf_counter()
+            body = importlib.import_module(f"benchmarks.bench_{area}").run(ctx)
+            took = time.perf_counter() - t0
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+            text = (f"{body.rstrip()}\n\n_Command: `python -m benchmarks.run {area}` "
+                    f"({stamp}, {machine}, {took:.0f} s)._\n")
+            (RESULTS / f"{area}.md").write_text(text)
+            print(text, flush=True)
+    finally:
+        if server is not None:
+            server.cleanup()
+    assemble()
+    print(f"wrote {ROOT / 'BENCHMARKS.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
