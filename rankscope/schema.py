@@ -39,8 +39,12 @@ class Stage:
     kind: StageKind
     group: str | None = None
     description: str = ""
+    #: The training framework's own names for this stage (e.g. Megatron-LM timer names).
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) and a for a in self.aliases):
+            raise SchemaError(f"stage {self.name!r}: alias must be a list of non-empty names, got {self.aliases!r}")
         if not self.name or not self.name.replace("_", "").isalnum():
             raise SchemaError(f"stage name {self.name!r} must be letters, digits and '_'")
         if self.name in RESERVED_FIELDS:
@@ -111,7 +115,9 @@ class StageSet:
                 unknown = set(spec) - {"kind", "group", "description", "alias"}
                 if unknown:
                     raise SchemaError(f"stage {name!r}: unknown key(s) {', '.join(sorted(unknown))}")
-                stages.append(Stage(name, spec.get("kind"), spec.get("group"), spec.get("description", "")))  # type: ignore[arg-type]
+                alias = spec.get("alias", ())
+                alias = (alias,) if isinstance(alias, str) else tuple(alias) if isinstance(alias, list) else alias
+                stages.append(Stage(name, spec.get("kind"), spec.get("group"), spec.get("description", ""), alias))  # type: ignore[arg-type]
             else:
                 raise SchemaError(f"stage {name!r}: expected a kind string or a table, got {spec!r}")
         return cls(tuple(stages))
