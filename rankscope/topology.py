@@ -276,3 +276,42 @@ def parse_ranks(spec) -> np.ndarray:
     if not out:
         raise ValueError(f"cannot read ranks from {spec!r}: empty")
     return np.unique(np.concatenate(out))
+
+
+def infer_topology(ranks, tp, pp, dp, ep_group, node) -> Topology:
+    """The topology that produced these per-rank tags (from ``stage_latency``).
+
+    Sizes are the largest index + 1, ``ep`` follows from the number of EP groups
+    per DP group, ``gpus_per_node`` from the ranks per node, and the rank order
+    is the one that maps every coordinate back to its rank. Raises when no
+    topology fits (inconsistent tags).
+    """
+    ranks, tp, pp, dp, ep_group, node = (np.asarray(a, dtype=np.int64) for a in (ranks, tp, pp, dp, ep_group, node))
+    if ranks.size == 0:
+        raise TopologyError("no ranks to infer a topology from")
+    sizes = {"tp": int(tp.max()) + 1, "pp": int(pp.max()) + 1, "dp": int(dp.max()) + 1}
+    world = sizes["tp"] * sizes["pp"] * sizes["dp"]
+    if ranks.max() >= world:
+        raise TopologyError(f"rank {int(ranks.max())} does not fit tp*pp*dp = {world} from the tags")
+    # ranks per node: the most common count of distinct ranks on a node, padded to the world
+    per_node = np.bincount(node, minlength=int(node.max()) + 1)
+    gpus = int(np.max(per_node))
+    if world % gpus:
+        raise TopologyError(f"node tags give {gpus} ranks per node, which does not divide world {world}")
+    # EP groups per DP group: distinct ep_group ids among ranks of one DP group
+    dp_group = pp * sizes["tp"] + tp
+    pairs = np.unique(np.stack([dp_group, ep_group]), axis=1)
+    groups_per_dp = int(np.bincount(pairs[0]).max())
+    ep = sizes["dp"] // max(groups_per_dp, 1)
+    for order in ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"):
+        try:
+            t = Topology(tp=sizes["tp"], pp=sizes["pp"], dp=sizes["dp"], ep=ep, gpus_per_node=gpus, order=order)
+        except TopologyError:
+            continue
+        if (np.array_equal(t.rank_of(tp=tp, pp=pp, dp=dp), ranks)
+                and np.array_equal(t.group_ids("ep")[ranks], ep_group)
+                and np.array_equal(t.node_index[ranks], node)):
+            return t
+    raise TopologyError(
+        f"no rank order maps the tags to their ranks (sizes tp={sizes['tp']} pp={sizes['pp']} "
+        f"dp={sizes['dp']} ep={ep} gpus_per_node={gpus})")

@@ -87,3 +87,14 @@ def test_rank_set_text_round_trips():
         parse_ranks("9-3")
     with pytest.raises(ValueError, match="not N or N-M"):
         parse_ranks("a-b")
+
+
+def test_topology_is_inferred_from_tags():
+    from rankscope.topology import infer_topology
+    for t in (Topology(**IL), Topology(tp=2, pp=3, dp=8, ep=4, gpus_per_node=4, order="tp-pp-dp")):
+        r = np.setdiff1d(t.ranks, np.arange(5, 12))  # a few silent ranks do not matter
+        back = infer_topology(r, t.tp_index[r], t.pp_index[r], t.dp_index[r], t.group_ids("ep")[r], t.node_index[r])
+        assert back.to_dict() == {**t.to_dict()}
+    with pytest.raises(TopologyError, match="no rank order"):
+        t = Topology(tp=1, pp=2, dp=4, ep=2, gpus_per_node=2)
+        infer_topology(t.ranks, t.tp_index, t.pp_index, t.dp_index, t.group_ids("ep"), (t.node_index + 1) % 4)
