@@ -17,6 +17,8 @@ from rankscope.config import DEFAULT_BUCKET, DEFAULT_STORE
 #: Modules that each add one or more subcommands.
 COMMAND_MODULES = [
     "rankscope.cli_store",
+    "dashboards.cli",
+    "dashboards.report",
 ]
 
 

@@ -1,0 +1,217 @@
+"""Grafana alert rules as typed records, written in Grafana's file-provisioning format.
+
+grafanalib's ``AlertRulev9`` writes the ruler-API shape (the rule nested under
+``grafana_alert``), which file provisioning rejects, and it has no threshold
+expression; so the rules are modelled here and written as the file format
+expects: ``apiVersion: 1``, ``groups`` (orgId, name, folder, interval) and
+rules (uid, title, condition, for, noDataState, execErrState, labels,
+annotations, data = the InfluxQL query on the pinned data source uid, then
+``__expr__`` reduce and threshold steps).
+
+Annotations may use Grafana's alert templates (``{{ $labels.node }}``): Grafana
+does not interpolate environment variables in annotations; labels are
+interpolated, so they hold no ``$``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dashboards.panels import DATASOURCE_UID
+
+EXPR_UID = "__expr__"
+FOLDER = "rankscope"
+Reducer = Literal["last", "max", "min", "mean", "sum", "count"]
+Comparison = Literal["gt", "lt"]
+
+
+@dataclass(frozen=True)
+class InfluxQuery:
+    """An InfluxQL query evaluated over the ``from_s`` seconds before evaluation time."""
+
+    ref_id: str
+    query: str
+    from_s: int
+    to_s: int = 0
+
+    def to_data(self) -> dict:
+        return {
+            "refId": self.ref_id,
+            "relativeTimeRange": {"from": self.from_s, "to": self.to_s},
+            "datasourceUid": DATASOURCE_UID,
+            "model": {"refId": self.ref_id, "query": " ".join(self.query.split()), "rawQuery": True,
+                      "resultFormat": "time_series", "intervalMs": 1000, "maxDataPoints": 43200},
+        }
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """Reduce each series of ``expression`` to one number (NaN/null dropped)."""
+
+    ref_id: str
+    expression: str
+    reducer: Reducer = "last"
+
+    def to_data(self) -> dict:
+        return {
+            "refId": self.ref_id,
+            "relativeTimeRange": {"from": 0, "to": 0},
+            "datasourceUid": EXPR_UID,
+            "model": {"refId": self.ref_id, "type": "reduce", "expression": self.expression,
+                      "reducer": self.reducer, "settings": {"mode": "dropNN"},
+                      "datasource": {"type": EXPR_UID, "uid": EXPR_UID}},
+        }
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Fire where ``expression`` is above (``gt``) or below (``lt``) ``value``."""
+
+    ref_id: str
+    expression: str
+    op: Comparison
+    value: float
+
+    def to_data(self) -> dict:
+        return {
+            "refId": self.ref_id,
+            "relativeTimeRange": {"from": 0, "to": 0},
+            "datasourceUid": EXPR_UID,
+            "model": {"refId": self.ref_id, "type": "threshold", "expression": self.expression,
+                      "conditions": [{"evaluator": {"type": self.op, "params": [self.value]}}],
+                      "datasource": {"type": EXPR_UID, "uid": EXPR_UID}},
+        }
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """One rule: a query, its reduction, a threshold; what the on-call engineer reads."""
+
+    uid: str
+    title: str
+    query: InfluxQuery
+    reduce: Reduce
+    threshold: Threshold
+    summary: str
+    description: str
+    pending: str = "1m"
+    severity: str = "warning"
+    dashboard_uid: str | None = None
+    no_data: Literal["OK", "NoData", "Alerting"] = "OK"
+
+    def __post_init__(self) -> None:
+        refs = [self.query.ref_id, self.reduce.ref_id, self.threshold.ref_id]
+        if len(set(refs)) != 3:
+            raise ValueError(f"alert rule {self.uid}: refIds must differ, got {refs}")
+        if self.reduce.expression != self.query.ref_id or self.threshold.expression != self.reduce.ref_id:
+            raise ValueError(f"alert rule {self.uid}: steps must chain query -> reduce -> threshold")
+        if len(self.uid) > 40:
+            raise ValueError(f"alert rule uid {self.uid!r} is longer than Grafana's 40 characters")
+
+    def to_provisioning(self) -> dict:
+        annotations = {"summary": self.summary, "description": self.description}
+        if self.dashboard_uid:
+            # A plain link: Grafana's __dashboardUid__ would also require a __panelId__.
+            annotations["dashboard"] = f"/d/{self.dashboard_uid}"
+        return {
+            "uid": self.uid,
+            "title": self.title,
+            "condition": self.threshold.ref_id,
+            "data": [self.query.to_data(), self.reduce.to_data(), self.threshold.to_data()],
+            "noDataState": self.no_data,
+            "execErrState": "Error",
+            "for": self.pending,
+            "annotations": annotations,
+            "labels": {"severity": self.severity, "source": "rankscope"},
+            "isPaused": False,
+        }
+
+
+@dataclass(frozen=True)
+class AlertGroup:
+    """Rules evaluated together every ``interval``."""
+
+    name: str
+    interval: str
+    rules: list[AlertRule] = field(default_factory=list)
+    folder: str = FOLDER
+    org_id: int = 1
+
+    def to_provisioning(self) -> dict:
+        uids = [r.uid for r in self.rules]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"alert group {self.name}: duplicate rule uid")
+        return {"orgId": self.org_id, "name": self.name, "folder": self.folder,
+                "interval": self.interval, "rules": [r.to_provisioning() for r in self.rules]}
+
+
+def provisioning_document(groups: list[AlertGroup]) -> dict:
+    """The whole alerting provisioning file (apiVersion 1)."""
+    return {"apiVersion": 1, "groups": [grp.to_provisioning() for grp in groups]}
+
+
+# ---------------------------------------------------------------- the rules
+#: L1: iteration time after / before a change point that pages.
+L1_STEP_RATIO = 1.2
+#: L2: group CV above which a stage is uneven (IL-0477's culprit group was above 0.8).
+L2_CV_THRESHOLD = 0.8
+#: L2: a rank this many times its group median in a stage is a straggler.
+L2_RANK_RATIO = 3.0
+
+
+def rankscope_alert_groups() -> list[AlertGroup]:
+    """The rules rankscope provisions: L1 step change, L2 group CV, L2 culprit rank, open incident."""
+    l1 = AlertRule(
+        uid="rankscope-l1-step",
+        title="L1: iteration time stepped up",
+        query=InfluxQuery("A", "SELECT max(\"after_ms\") / max(\"before_ms\") FROM \"l1_changepoint\" "
+                               "WHERE \"scope\" = 'job' AND \"kind\" = 'step' AND $timeFilter GROUP BY \"job\"",
+                          from_s=900),
+        reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L1_STEP_RATIO),
+        summary="Job {{ $labels.job }}: iteration time is {{ humanize $values.B.Value }}x what it was",
+        description="L1 found a step change of the job's median iteration time in the last 15 minutes. "
+                    "Open the NOC overview for the job, then the incident drill-down: the analyzer names "
+                    "the culprit node, stage and ratio once L2 confirms it. Do not act on out-of-band "
+                    "network events before checking which stages slowed down.",
+        severity="warning", dashboard_uid="rankscope-noc")
+    cv = AlertRule(
+        uid="rankscope-l2-group-cv",
+        title="L2: parallel group uneven (CV above threshold)",
+        query=InfluxQuery("A", "SELECT max(\"cv\") FROM \"l2_group\" WHERE $timeFilter "
+                               "GROUP BY \"job\", \"group_type\", \"stage\"", from_s=600),
+        reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L2_CV_THRESHOLD),
+        summary="Job {{ $labels.job }}: {{ $labels.stage }} varies across a {{ $labels.group_type }} group "
+                "(CV {{ humanize $values.B.Value }})",
+        description="Some ranks of one {{ $labels.group_type }} group take much longer in stage "
+                    "{{ $labels.stage }} than the others. A compute stage (attention, mlp, optimizer) "
+                    "points at the slow ranks' own hardware; a collective points at the link or at a "
+                    "member arriving late. See the L2 dashboard's 'Groups over threshold' table.",
+        severity="warning", dashboard_uid="rankscope-l2")
+    rank = AlertRule(
+        uid="rankscope-l2-culprit-node",
+        title="L2: node far slower than its group",
+        query=InfluxQuery("A", "SELECT max(\"ratio\") FROM \"l2_rank\" WHERE $timeFilter "
+                               "GROUP BY \"job\", \"node\", \"stage\"", from_s=600),
+        reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L2_RANK_RATIO),
+        summary="Job {{ $labels.job }}: node {{ $labels.node }} is {{ humanize $values.B.Value }}x its "
+                "group median in {{ $labels.stage }}",
+        description="Ranks on node {{ $labels.node }} spend {{ humanize $values.B.Value }} times the group "
+                    "median in {{ $labels.stage }}. If that stage is compute-only, the node is degraded: "
+                    "drain or replace node {{ $labels.node }}; network repairs will not help.",
+        severity="critical", dashboard_uid="rankscope-heatmap")
+    incident = AlertRule(
+        uid="rankscope-incident-open",
+        title="Fail-slow incident open",
+        query=InfluxQuery("A", "SELECT last(\"ratio\") FROM \"incident\" WHERE \"status\" = 'open' AND $timeFilter "
+                               "GROUP BY \"job\", \"id\", \"class\"", from_s=30 * 86400),
+        reduce=Reduce("B", "A", "last"), threshold=Threshold("C", "B", "gt", 0),
+        summary="Job {{ $labels.job }}: {{ $labels.class }} incident {{ $labels.id }} is open "
+                "(culprits at {{ humanize $values.B.Value }}x their group)",
+        description="The analyzer opened incident {{ $labels.id }} ({{ $labels.class }}) on job "
+                    "{{ $labels.job }}. Its record names the culprit node, ranks, stage and ratio, and "
+                    "its verdict on each out-of-band event: open /d/rankscope-incident?var-job="
+                    "{{ $labels.job }}&var-incident={{ $labels.id }}. Replace the culprit node when the "
+                    "class is a compute fault.",
+        severity="critical", dashboard_uid="rankscope-incident", pending="0s")
+    return [AlertGroup("rankscope fail-slow", "1m", [l1, cv, rank, incident])]

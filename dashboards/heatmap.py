@@ -1,0 +1,87 @@
+"""Rank x stage heatmap: one stage, ranks (rows) over time (columns), as in IL-0477.
+
+At 12,960 ranks a browser cannot draw one row per rank, so the overview
+aggregates rows per node (8 ranks each: 1,620 rows) and the drill-down shows
+single ranks only for the chosen dp ranges (an EP group of 32 ranks each).
+The snapshot table is rank x stage for the drill-down ranks in the latest
+window; the ratio heatmap shows the analyzer's per-rank ratio to the group
+median (only ranks above its reporting floor).
+"""
+
+from __future__ import annotations
+
+from dashboards.panels import (
+    DashboardSpec,
+    HeatmapColor,
+    Layout,
+    dashboard_link,
+    rows_heatmap,
+    table,
+    target,
+)
+from dashboards.variables import (
+    IL0477_TOPOLOGY,
+    dp_range_variable,
+    job_variable,
+    pp_variable,
+    stage_variable,
+)
+from rankscope import schema
+from rankscope.topology import Topology
+
+UID = "rankscope-heatmap"
+#: dp-range options a user may tick at once in the drill-down (rows = options x EP size).
+MAX_DP_RANGES = 16
+
+
+def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
+    lay = Layout()
+    where = "\"job\" = '$job' AND \"pp\" =~ /^$pp$/ AND $timeFilter"
+    by_node = rows_heatmap(
+        "$stage by node, all ranks (mean over the node's ranks)",
+        f"SELECT mean(\"$stage\") FROM \"stage_latency\" WHERE {where} "
+        f"GROUP BY time($__interval), \"node\" fill(none)",
+        lay.place(24, 14), row_tag="node", max_rows=topology.nodes,
+        description=f"Rows are nodes ({topology.gpus_per_node} ranks each, {topology.nodes} at most), "
+                    f"columns time. A bright row is a slow node; a dark band across many nodes is a "
+                    f"collective that finished early because its members arrived late.")
+    lay.newline()
+    drill_where = "\"job\" = '$job' AND \"ep_group\" =~ /^$dp$/ AND $timeFilter"
+    by_rank = rows_heatmap(
+        "$stage by rank, dp ranges $dp",
+        f"SELECT mean(\"$stage\") FROM \"stage_latency\" WHERE {drill_where} "
+        f"GROUP BY time($__interval), \"rank\" fill(none)",
+        lay.place(24, 14), row_tag="rank", max_rows=MAX_DP_RANGES * topology.ep,
+        description="Single ranks of the chosen dp ranges (pick them in 'dp range'; "
+                    f"{topology.ep} rows each).")
+    lay.newline()
+    stage_cols = ", ".join(f"last(\"{s}\") AS \"{s}\"" for s in schema.DEFAULT_STAGES.names)
+    snapshot = table(
+        "Snapshot: rank x stage, latest window (dp ranges $dp)",
+        [target(f"SELECT {stage_cols} FROM \"stage_latency\" WHERE {drill_where} GROUP BY \"rank\", \"node\"",
+                table=True)],
+        lay.place(24, 12), sort_by="$stage",
+        overrides=[{"matcher": {"id": "byRegexp", "options": "/" + "|".join(schema.DEFAULT_STAGES.names) + "/"},
+                    "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background",
+                                                                          "mode": "gradient"}},
+                                   {"id": "unit", "value": "ms"},
+                                   {"id": "color", "value": {"mode": "continuous-BlYlRd"}}]}],
+        description="Last value of every stage per rank; colour by value within each column.")
+    lay.newline()
+    ratio = rows_heatmap(
+        "$stage: ratio to the group median (ranks over the analyzer's reporting floor)",
+        "SELECT max(\"ratio\") FROM \"l2_rank\" WHERE \"job\" = '$job' AND \"stage\" = '$stage' "
+        "AND $timeFilter GROUP BY time($__interval), \"rank\" fill(none)",
+        lay.place(24, 10), row_tag="rank", max_rows=2000, unit="none",
+        color=HeatmapColor(scheme="RdBu", scale="linear", min=0, max=6),
+        description="1 = the group median. Above 1: slower than the group (a straggler); below 1: "
+                    "finished early (waited less).")
+    return DashboardSpec(
+        uid=UID, title="rankscope / rank x stage heatmap",
+        description="Per-rank stage latency over time; node overview and single-rank drill-down.",
+        panels=[by_node, by_rank, snapshot, ratio],
+        variables=[job_variable(), stage_variable(), pp_variable(), dp_range_variable(topology)],
+        time_from="now-3h", refresh="1m",
+        links=[dashboard_link("NOC overview", "rankscope-noc", include_vars=False),
+               dashboard_link("Incident drill-down", "rankscope-incident")],
+    )

@@ -1,0 +1,106 @@
+"""Incident drill-down: one incident's evidence, its culprits against their group,
+the out-of-band events and the analyzer's verdict on each.
+
+Hidden variables read the chosen incident's fields (culprit node, stage, group)
+so every panel below follows the incident picked at the top.
+"""
+
+from __future__ import annotations
+
+from dashboards.panels import (
+    DashboardSpec,
+    InfluxAnnotation,
+    Layout,
+    dashboard_link,
+    table,
+    target,
+    timeseries,
+)
+from dashboards.variables import incident_field_variable, incident_variable, job_variable
+from rankscope import schema
+
+UID = "rankscope-incident"
+#: Grafana variable regexes that pick values out of an incident's text fields.
+FIRST_NUMBER = "/^(\\d+)/"
+EVIDENCE_GROUP_ID = '/"group"\\s*:\\s*\\{[^{}]*?"id"\\s*:\\s*(\\d+)/'
+INCIDENT_WHERE = "\"job\" = '$job' AND \"id\" = '$incident'"
+
+
+def spec() -> DashboardSpec:
+    lay = Layout()
+    evidence = table(
+        "Incident record",
+        [target("SELECT \"title\", \"class\", \"status\", \"nodes\", \"ranks\", \"stage\", \"ratio\", "
+                "\"group_type\", \"group_ranks\", \"onset_iteration\", \"resolved_iteration\", \"text\" "
+                f"FROM \"incident\" WHERE {INCIDENT_WHERE}", table=True)],
+        lay.place(24, 6),
+        description="What the analyzer concluded: fault class, culprit ranks and node, the stage and its "
+                    "ratio to the group median, the group, onset (and resolution) iteration.",
+        transformations=[{"id": "reduce", "options": {"reducers": ["lastNotNull"], "mode": "seriesToRows"}}])
+    lay.newline()
+    culprit_vs_group = timeseries(
+        "$stage: culprit node $culprit_node against its $group_type group $group_id",
+        [target("SELECT mean(\"$stage\") AS \"culprit node $culprit_node\" FROM \"stage_latency\" "
+                "WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' AND $timeFilter "
+                "GROUP BY time($__interval) fill(none)", "A"),
+         target("SELECT mean(\"median\") AS \"group median\" FROM \"l2_group\" WHERE \"job\" = '$job' "
+                "AND \"group_type\" = '$group_type' AND \"group_id\" = '$group_id' AND \"stage\" = '$stage' "
+                "AND $timeFilter GROUP BY time($__interval) fill(none)", "B")],
+        lay.place(12, 10), unit="ms",
+        description="The culprits' time in the incident's stage next to the median of their group.")
+    stages = ", ".join(f"mean(\"{s}\") AS \"{s}\"" for s in schema.DEFAULT_STAGES.names)
+    culprit_stages = timeseries(
+        "Every stage of culprit node $culprit_node",
+        [target(f"SELECT {stages} FROM \"stage_latency\" WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' "
+                "AND $timeFilter GROUP BY time($__interval) fill(none)")],
+        lay.place(12, 10), unit="ms",
+        description="A compute-only stage that rises while the collectives do not is a compute fault; "
+                    "a collective that rises alone points at the network.")
+    lay.newline()
+    ratios = table(
+        "Culprit ranks: ratio to group median per stage",
+        [target("SELECT max(\"ratio\") AS \"ratio\", last(\"value\") AS \"ms\", last(\"baseline_ratio\") AS "
+                "\"baseline ratio\" FROM \"l2_rank\" WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' "
+                "AND $timeFilter GROUP BY \"rank\", \"stage\"", table=True)],
+        lay.place(12, 9), sort_by="ratio",
+        description="Stages of the culprit node's ranks that the analyzer scored above its floor.")
+    events = table(
+        "Out-of-band events",
+        [target("SELECT \"text\", \"rank\", \"value\" FROM \"event\" WHERE \"job\" = '$job' AND $timeFilter "
+                "GROUP BY \"name\", \"node\", \"severity\", \"source\"", table=True)],
+        lay.place(12, 9), sort_by="Time",
+        description="Events from other monitors (e.g. 'server port down') during the time range.")
+    lay.newline()
+    verdicts = table(
+        "Verdict on each event and the evidence",
+        [target(f"SELECT \"events\", \"evidence\" FROM \"incident\" WHERE {INCIDENT_WHERE}", table=True)],
+        lay.place(24, 8),
+        transformations=[{"id": "extractFields", "options": {"source": "events", "format": "json",
+                                                             "replace": False, "keepTime": False}}],
+        description="The analyzer's verdict on every event near the incident: consistent with the "
+                    "evidence or contradicted by it (e.g. a network event while only compute stages are slow).")
+    return DashboardSpec(
+        uid=UID, title="rankscope / incident drill-down",
+        description="One incident: evidence, culprits against their group, events and their verdicts.",
+        panels=[evidence, culprit_vs_group, culprit_stages, ratios, events, verdicts],
+        variables=[
+            job_variable(), incident_variable(),
+            incident_field_variable("culprit_node", "culprit node", "nodes", regex=FIRST_NUMBER),
+            incident_field_variable("stage", "stage", "stage"),
+            incident_field_variable("group_type", "group type", "group_type"),
+            incident_field_variable("group_id", "group id", "evidence", regex=EVIDENCE_GROUP_ID),
+        ],
+        annotations=[
+            InfluxAnnotation("Incident", f"SELECT \"title\", \"text\", \"tags\" FROM \"incident\" WHERE "
+                                         f"{INCIDENT_WHERE} AND $timeFilter",
+                             text_column="text", title_column="title", tags_column="tags", color="red"),
+            InfluxAnnotation("Events", "SELECT \"text\", \"node\" FROM \"event\" WHERE \"job\" = '$job' "
+                                       "AND $timeFilter", text_column="text", tags_column="node", color="purple"),
+            InfluxAnnotation("L1 change points", "SELECT \"text\" FROM \"l1_changepoint\" WHERE \"job\" = '$job' "
+                                                 "AND \"scope\" = 'job' AND $timeFilter",
+                             text_column="text", color="orange"),
+        ],
+        time_from="now-6h", refresh="1m",
+        links=[dashboard_link("NOC overview", "rankscope-noc", include_vars=False),
+               dashboard_link("Rank x stage heatmap", "rankscope-heatmap")],
+    )
