@@ -17,6 +17,7 @@ from rankscope.config import DEFAULT_BUCKET, DEFAULT_STORE
 #: Modules that each add one or more subcommands.
 COMMAND_MODULES = [
     "rankscope.cli_store",
+    "collector.simulate_cli",
     "dashboards.cli",
     "dashboards.report",
 ]

@@ -1,0 +1,359 @@
+"""A cluster simulator in which slowness travels the way it does on a real hybrid-parallel job.
+
+Every iteration is computed at once for all ranks with numpy (no loop over ranks
+or groups). The causal chain, per rank ``r`` at pipeline stage ``s`` of EP
+chunk ``u`` (the ``ep`` consecutive dp indices that form its EP groups):
+
+1. **Compute**: per-occurrence ``attention`` and ``mlp`` (one layer, one
+   microbatch, forward + backward), ``optimizer`` and ``dataloader``: a healthy
+   median x a persistent per-GPU speed x per-iteration lognormal noise x the
+   factors of the active faults. With ``tp > 1`` the TP ranks of one position
+   compute in lockstep (TP collectives sit inside these kernels), so each
+   measures the TP group's slowest.
+2. **EP all-to-all** (per layer): a collective finishes when its LAST member
+   arrives plus its transfer time; each member measures ``finish - own arrival``.
+   Forward runs attention -> dispatch -> mlp -> combine, backward combine -> mlp
+   -> dispatch -> attention, so both all-to-alls carry waits for slow attention
+   AND slow mlp (weighted by the forward/backward shares). The group's layer step
+   is the same for all its members: ``max(attention) + max(mlp) + 4 transfers``.
+3. **Pipeline (1F1B)**: a stage's per-microbatch work ``U`` is its layer steps
+   plus its p2p transfer times; the EP groups of a chunk lock its pipelines
+   together, so the chunk runs as one pipeline with stage times ``U_s`` (max over
+   the chunk's ranks at that stage). Its makespan is ``(M-1) max_s U_s + sum_s U_s``.
+   A stage's idle time (``makespan - M U_s``) is bubble: the fill/drain part
+   and, downstream of the slowest stage, the steady-state starvation are
+   ``pp_recv`` waits; upstream of the slowest stage the back-pressure is
+   ``pp_send`` waits.
+4. **DP** (per stage): every rank enters ``reduce_scatter`` when its chunk's
+   pipeline has drained; it finishes when the last rank of the DP group arrives
+   plus the ring's transfer time; then ``optimizer`` and ``all_gather`` likewise.
+   The rank's ``iteration_ms`` is when its DP group's all-gather finishes.
+
+Transfer times are per group: the slowest link among its members (a degraded
+NIC slows every all-to-all, p2p hop and ring it takes part in). Invariant: for
+every rank ``iteration_ms == sum(value[stage] * occurrences[stage])``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from collector.model_params import ModelParams
+from collector.scenario import Fault, Scenario
+from collector.truth import Truth
+from rankscope.frames import cube_to_frame
+from rankscope.schema import DEFAULT_STAGES, SchemaError, StageSet
+from rankscope.store import Store
+
+#: Rows of the per-iteration fault-factor matrix.
+_ATTENTION, _MLP, _OPTIMIZER, _DATALOADER, _LINK = range(5)
+_ROW_OF_STAGE = {"attention": _ATTENTION, "mlp": _MLP, "optimizer": _OPTIMIZER, "dataloader": _DATALOADER}
+#: Stages a compute fault without a ``stage`` slows: all compute, or a layer's compute.
+_ALL_COMPUTE = (_ATTENTION, _MLP, _OPTIMIZER)
+_LAYER_COMPUTE = (_ATTENTION, _MLP)
+
+
+@dataclass
+class IterationResult:
+    """One simulated iteration of every rank.
+
+    ``values[r, k]`` is stage ``k`` (in the simulator's stage order) of rank ``r``
+    in ms per occurrence (see :attr:`ClusterSimulator.occurrences`);
+    ``iteration_ms[r]`` the rank's whole iteration; ``reporting[r]`` False for a
+    silent rank (no point is written); ``time_ms`` the iteration's timestamp
+    (its end on the simulated clock, epoch ms).
+    """
+
+    iteration: int
+    time_ms: int
+    values: np.ndarray
+    iteration_ms: np.ndarray
+    reporting: np.ndarray
+
+    @property
+    def job_iteration_ms(self) -> float:
+        """The job's iteration time: the slowest rank's."""
+        return float(self.iteration_ms.max())
+
+
+def expected_max_z(n: int) -> float:
+    """Expected maximum of ``n`` standard normal samples (Blom's approximation)."""
+    if n <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def check_stages(stages: StageSet) -> StageSet:
+    """The model times exactly the default stages (in any order); refuse anything else."""
+    want = {(s.name, s.kind, s.group) for s in DEFAULT_STAGES}
+    got = {(s.name, s.kind, s.group) for s in stages}
+    if got != want:
+        missing = sorted(n for n, *_ in want - got)
+        extra = sorted(n for n, *_ in got - want)
+        raise SchemaError(
+            "the simulator models the default MoE stages only ("
+            + ", ".join(DEFAULT_STAGES.names) + "); "
+            + (f"missing or changed: {', '.join(missing)}; " if missing else "")
+            + (f"not modelled: {', '.join(extra)}" if extra else "").rstrip("; ")
+        )
+    return stages
+
+
+class ClusterSimulator:
+    """Steps a scenario one iteration at a time; deterministic for a given seed.
+
+    ``start_ms`` is the epoch-ms start of the simulated clock: iteration ``i``'s
+    timestamp is ``start_ms`` + the job iteration times of iterations 0..i.
+    """
+
+    def __init__(self, scenario: Scenario, stages: StageSet = DEFAULT_STAGES,
+                 params: ModelParams | None = None, start_ms: int = 0):
+        self.scenario = scenario
+        self.stages = check_stages(stages)
+        self.params = params or ModelParams.from_dict(scenario.model)
+        self.topology = topo = scenario.topology
+        self.start_ms = int(start_ms)
+        self.iteration = 0
+        self._elapsed_ms = 0.0
+        p = self.params
+        self.world = w = topo.world
+        self.pp_index = topo.pp_index
+        self.chunk = topo.dp_index // topo.ep
+        self.n_chunks = topo.dp // topo.ep
+        self.ep_members = topo.members("ep")
+        self.ep_gid = topo.group_ids("ep")
+        self.dp_members = topo.members("dp")
+        self.dp_gid = topo.group_ids("dp")
+        self.tp_members = topo.members("tp") if topo.tp > 1 else None
+        self.tp_gid = topo.group_ids("tp")
+        # a block = the ranks of one chunk at one stage (all tp); rows ordered stage-major
+        self.block_id = self.pp_index * self.n_chunks + self.chunk
+        self.block_members = np.argsort(self.block_id, kind="stable").reshape(
+            topo.pp * self.n_chunks, topo.ep * topo.tp)
+        self.has_next = self.pp_index < topo.pp - 1
+        nxt = np.flatnonzero(self.has_next)
+        self.next_of = nxt.copy()
+        self.next_rank = topo.rank_of(topo.tp_index[nxt], self.pp_index[nxt] + 1, topo.dp_index[nxt])
+        self.c_ep = expected_max_z(topo.ep)
+        self.c_dp = expected_max_z(topo.dp)
+        rng = np.random.default_rng([scenario.seed, 0])
+        self.gpu_speed = np.exp(np.clip(rng.standard_normal(w), -3, 3) * p.gpu_speed_sigma)
+        self._sig = np.array([p.iteration_sigma, p.iteration_sigma, p.iteration_sigma, p.host_sigma])[:, None]
+        self._base = np.array([p.attention_ms, p.mlp_ms, p.optimizer_ms, p.dataloader_ms])[:, None]
+        self._faults = [(f, self._rows_of(f)) for f in scenario.faults]
+        self._column = np.array([self.stages.names.index(n) for n in DEFAULT_STAGES.names])
+        self.occurrences = self._occurrences()
+
+    # ----------------------------------------------------------- structure
+    def _occurrences(self) -> dict[str, int]:
+        lm = self.params.layers_per_stage * self.params.microbatches
+        per_layer = {"attention": lm, "mlp": lm, "dispatch": lm, "combine": lm}
+        per_mb = {"pp_send": self.params.microbatches, "pp_recv": self.params.microbatches}
+        return {n: per_layer.get(n, per_mb.get(n, 1)) for n in self.stages.names}
+
+    @property
+    def occurrence_counts(self) -> np.ndarray:
+        """Occurrences per iteration of each stage, in stage order (``values @ counts == iteration_ms``)."""
+        return np.array([self.occurrences[n] for n in self.stages.names], dtype=float)
+
+    @property
+    def absent_stages(self) -> list[str]:
+        """Stages that never happen in this topology (p2p with a single pipeline stage)."""
+        return ["pp_send", "pp_recv"] if self.topology.pp == 1 else []
+
+    @staticmethod
+    def _rows_of(fault: Fault) -> tuple[int, ...]:
+        if fault.kind == "silent_rank":
+            return ()
+        if fault.kind == "link_degradation":
+            return (_LINK,)
+        if fault.stage is not None:
+            return (_ROW_OF_STAGE[fault.stage],)
+        return _LAYER_COMPUTE if fault.kind == "stage_imbalance" else _ALL_COMPUTE
+
+    # ----------------------------------------------------------- stepping
+    def step(self) -> IterationResult:
+        """Simulate the next iteration of every rank."""
+        i = self.iteration
+        p = self.params
+        topo = self.topology
+        w = self.world
+        m, layers = p.microbatches, p.layers_per_stage
+        rng = np.random.default_rng([self.scenario.seed, 1, i])
+
+        factor = np.ones((5, w))
+        reporting = np.ones(w, dtype=bool)
+        for fault, rows in self._faults:
+            if not fault.active(i):
+                continue
+            if fault.kind == "silent_rank":
+                reporting[fault.ranks] = False
+            for row in rows:
+                factor[row, fault.ranks] *= fault.factor
+        link = factor[_LINK]
+        link_hit = bool((link != 1.0).any())
+
+        z = rng.standard_normal((4, w))
+        np.clip(z[:3], -3.5, 3.5, out=z[:3])  # bounded compute noise keeps healthy mlp in its band
+        noise = np.exp(z * self._sig)
+        base = self._base * noise * factor[:4]
+        base[:3] *= self.gpu_speed
+        attn, mlp, opt, load = base
+        if self.tp_members is not None:  # TP lockstep: each measures its TP group's slowest
+            attn = attn[self.tp_members].max(1)[self.tp_gid]
+            mlp = mlp[self.tp_members].max(1)[self.tp_gid]
+        n_ep, n_dp = len(self.ep_members), len(self.dp_members)
+        tnoise = np.exp(np.clip(rng.standard_normal(n_ep + w + 2 * n_dp), -3.5, 3.5) * p.transfer_sigma)
+
+        # EP all-to-all, per layer and microbatch
+        so = p.occurrence_sigma
+        a_m = attn[self.ep_members]
+        m_m = mlp[self.ep_members]
+        a_last = (a_m.max(1) + self.c_ep * so * a_m.mean(1))[self.ep_gid]
+        m_last = (m_m.max(1) + self.c_ep * so * m_m.mean(1))[self.ep_gid]
+        t_ep = p.ep_transfer_ms * tnoise[:n_ep]
+        if link_hit:
+            t_ep = t_ep * link[self.ep_members].max(1)
+        t_ep = t_ep[self.ep_gid]
+        fwd = p.forward_share
+        wait_a, wait_m = a_last - attn, m_last - mlp
+        dispatch = fwd * wait_a + (1 - fwd) * wait_m + 2 * t_ep
+        combine = fwd * wait_m + (1 - fwd) * wait_a + 2 * t_ep
+        work = layers * (a_last + m_last + 4 * t_ep)
+
+        # pipeline p2p: each hop carries one activation forward and one gradient back
+        x_out = np.zeros(w)
+        hop = 2 * p.pp_transfer_ms * tnoise[n_ep:n_ep + len(self.next_of)]
+        if link_hit:
+            hop = hop * np.maximum(link[self.next_of], link[self.next_rank])
+        x_out[self.next_of] = hop
+        x_in = np.zeros(w)
+        x_in[self.next_rank] = hop
+        unit = work + x_in + x_out
+
+        # 1F1B per chunk: the chunk's EP groups lock its pipelines together
+        stage_u = unit[self.block_members].max(1).reshape(topo.pp, self.n_chunks)
+        period = stage_u.max(0)
+        slowest = stage_u.argmax(0)
+        makespan = (m - 1) * period + stage_u.sum(0)
+        start = load[self.block_members].max(1).reshape(topo.pp, self.n_chunks).max(0)
+        u = self.chunk
+        my_u = stage_u.reshape(-1)[self.block_id]
+        idle = makespan[u] - m * my_u
+        steady = (m - 1) * (period[u] - my_u)
+        to_send = np.where(self.pp_index < slowest[u], steady, 0.0)
+        transfer = (x_in + x_out) / 2
+        pp_send = transfer + to_send / m
+        pp_recv = transfer + (idle - to_send) / m
+        # catching up with the chunk (slower peers, a late data loader) happens in the first all-to-all
+        dispatch = dispatch + (my_u - unit) / layers + (start[u] - load) / (layers * m)
+        arrive = start[u] + makespan[u]
+
+        # DP reduce-scatter, optimizer, all-gather, per stage
+        off = n_ep + w
+        ring = link[self.dp_members].max(1) if link_hit else 1.0
+        rs_done = arrive[self.dp_members].max(1) + p.reduce_scatter_ms * ring * tnoise[off:off + n_dp]
+        o_m = opt[self.dp_members]
+        ag_done = (rs_done + o_m.max(1) + self.c_dp * so * o_m.mean(1)
+                   + p.all_gather_ms * ring * tnoise[off + n_dp:off + 2 * n_dp])
+        rs_done_r = rs_done[self.dp_gid]
+        iteration_ms = ag_done[self.dp_gid]
+        reduce_scatter = rs_done_r - arrive
+        all_gather = iteration_ms - rs_done_r - opt
+
+        cols = (attn, mlp, dispatch, combine, pp_send, pp_recv, reduce_scatter, all_gather, opt, load)
+        values = np.empty((w, len(cols)))
+        values[:, self._column] = np.column_stack(cols)
+        for name in self.absent_stages:
+            values[:, self.stages.index(name)] = np.nan
+        self._elapsed_ms += float(iteration_ms.max())
+        self.iteration += 1
+        return IterationResult(i, self.start_ms + int(round(self._elapsed_ms)), values, iteration_ms, reporting)
+
+    def run_length_ms(self, iterations: int | None = None) -> float:
+        """Simulated duration of the scenario's iterations (a fresh simulator; this one is untouched)."""
+        other = ClusterSimulator(self.scenario, self.stages, self.params)
+        for _ in range(iterations or self.scenario.iterations):
+            other.step()
+        return other._elapsed_ms
+
+    def frame(self, res: IterationResult, time_ms: int | None = None) -> pd.DataFrame:
+        """The ``stage_latency`` frame of the reporting ranks (values rounded to 1 us)."""
+        ranks = np.flatnonzero(res.reporting)
+        values = np.round(res.values[ranks], 3)
+        frame = cube_to_frame(self.scenario.job, self.topology, res.iteration,
+                              res.time_ms if time_ms is None else int(time_ms), values,
+                              self.stages.names, np.round(res.iteration_ms[ranks], 3), ranks=ranks)
+        return frame.drop(columns=self.absent_stages)
+
+
+def default_truth_path(store: Store, job: str) -> Path:
+    """``<job>.truth.json`` next to an embedded store's file, else in the current directory."""
+    path = getattr(store, "path", None)
+    folder = Path(path).parent if path is not None and str(path) != ":memory:" else Path.cwd()
+    return folder / f"{job}.truth.json"
+
+
+def simulate(scenario: Scenario, store: Store, iterations: int | None = None, live: bool = False,
+             speed: float = 1.0, truth_path: str | Path | None = None, start_ms: int | None = None,
+             progress: bool = True, stages: StageSet = DEFAULT_STAGES) -> Truth:
+    """Run a scenario into ``store``; returns (and, given ``truth_path``, writes) its ground truth.
+
+    Backfill (default): timestamps are spaced by the simulated job iteration
+    times, starting at ``start_ms`` or, without it, ending at about now (the run
+    is simulated twice: once to learn its length). ``live``: each iteration is
+    written when its simulated time (divided by ``speed``) has passed, stamped now.
+    """
+    from collector.progress import Progress
+    from collector.stage_writer import StageLatencyWriter
+
+    if iterations is not None:
+        scenario = scenario.with_overrides(iterations=iterations)
+    if not (isinstance(speed, (int, float)) and np.isfinite(speed) and speed > 0):
+        raise ValueError(f"speed must be a positive number, got {speed!r}")
+    now = int(time.time() * 1000)
+    if live:
+        begin = now
+    elif start_ms is not None:
+        begin = int(start_ms)
+    else:
+        begin = now - int(round(ClusterSimulator(scenario, stages).run_length_ms()))
+    sim = ClusterSimulator(scenario, stages, start_ms=begin)
+    writer = StageLatencyWriter(store, sim)
+    truth = Truth.from_scenario(scenario)
+    events_at: dict[int, list] = {}
+    for ev in scenario.events:
+        events_at.setdefault(ev.at, []).append(ev)
+    bar = Progress(scenario.iterations, f"simulate {scenario.job}", enabled=progress)
+    wall0 = time.monotonic()
+    if live and truth_path is not None:
+        truth.write(truth_path)
+    try:
+        for _ in range(scenario.iterations):
+            res = sim.step()
+            stamp = res.time_ms
+            if live:
+                due = wall0 + (sim._elapsed_ms / 1000.0) / speed
+                time.sleep(max(0.0, due - time.monotonic()))
+                stamp = int(time.time() * 1000)
+            points = writer.write(res, stamp)
+            if res.iteration in events_at:
+                writer.write_events(events_at[res.iteration], stamp)
+            truth.times_ms.append(stamp)
+            bar.update(res.iteration + 1, points, f"{res.job_iteration_ms / 1000:.1f} s/iteration")
+    finally:
+        bar.close()
+        truth.finalise()
+        if truth_path is not None:
+            truth.write(truth_path)
+    return truth
+
+
+__all__ = ["ClusterSimulator", "IterationResult", "ModelParams", "Truth", "check_stages",
+           "default_truth_path", "expected_max_z", "simulate"]
