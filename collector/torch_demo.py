@@ -1,0 +1,299 @@
+"""A real, small ``torch.distributed`` training job, instrumented with the stage timer.
+
+``world`` processes (default 8) on CPU with the gloo backend train a small
+MoE-like transformer block (an ``attention`` block and a dense mixture of
+experts ``mlp`` block) with DistributedDataParallel, so the gradients really
+are all-reduced across the ranks every iteration. Each rank times its stages
+with :class:`~collector.stage_timer.StageTimer` and sends one ``stage_latency``
+point per iteration to the store through a
+:class:`~collector.writer.BackgroundWriter`:
+
+- ``dataloader`` (host): making the batch;
+- ``attention``, ``mlp`` (compute): module forward + backward hooks;
+- ``reduce_scatter`` (comm, dp): DDP's gradient all-reduce, timed by a DDP
+  communication hook from its launch to its completion (an all-reduce is a
+  reduce-scatter followed by an all-gather; the schema's DP gradient-sync stage
+  is used so the analyzer knows it as a DP collective);
+- ``optimizer`` (compute): the SGD step.
+
+From iteration ``slow_from`` on, rank ``slow_rank`` does ``slow_factor`` extra
+passes of real expert compute inside its ``mlp`` forward (a degraded device,
+not a sleep): its ``mlp`` stage grows, and the healthy ranks' all-reduce grows
+by the time they wait for it.
+
+``rankscope torch-demo`` runs it from the command line (``make torch-demo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rankscope.topology import Topology
+
+#: Stages the demo reports (all from the default stage set).
+DEMO_STAGES = ("dataloader", "attention", "mlp", "reduce_scatter", "optimizer")
+
+
+@dataclass
+class DemoConfig:
+    """What to run; ``store``/``bucket`` as for every command (URL of InfluxDB or a path)."""
+
+    job: str = "torch-demo"
+    store: str | None = None
+    bucket: str | None = None
+    world: int = 8
+    gpus_per_node: int = 4
+    iterations: int = 40
+    slow_rank: int | None = 5
+    slow_from: int = 15
+    slow_factor: int = 300
+    warmup: int = 3
+    instrument: bool = True
+    profile_dir: str | None = None
+    d_model: int = 64
+    seq: int = 32
+    batch: int = 8
+    experts: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world < 1 or self.iterations < 1:
+            raise ValueError(f"world ({self.world}) and iterations ({self.iterations}) must be >= 1")
+        if self.slow_rank is not None and not 0 <= self.slow_rank < self.world:
+            raise ValueError(f"slow rank {self.slow_rank} is outside 0..{self.world - 1}")
+        if self.world % self.gpus_per_node and self.world > self.gpus_per_node:
+            raise ValueError(f"world {self.world} is not a multiple of gpus_per_node {self.gpus_per_node}")
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(dp=self.world, gpus_per_node=min(self.gpus_per_node, self.world))
+
+
+@dataclass
+class RankResult:
+    """What one rank reports back: its wall step times and its writer's counters."""
+
+    rank: int
+    step_s: list[float]
+    writer: dict[str, Any] = field(default_factory=dict)
+    trace: str | None = None
+
+
+@dataclass
+class DemoResult:
+    config: DemoConfig
+    ranks: list[RankResult]
+    wall_s: float
+
+    def median_step_s(self, rank: int = 0, skip: int = 3) -> float:
+        return statistics.median(self.ranks[rank].step_s[skip:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_model(cfg: DemoConfig) -> Any:
+    """The MoE-like block: token-mixing attention, then a softly routed mixture of experts."""
+    import torch
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self, d: int):
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.out = nn.Linear(d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+            return x + self.out(a)
+
+    class MoEMLP(nn.Module):
+        def __init__(self, d: int, experts: int):
+            super().__init__()
+            self.router = nn.Linear(d, experts)
+            self.experts = nn.ModuleList(
+                nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(experts))
+            self.degraded_passes = 0  # > 0 emulates a slow device: real extra compute
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gates = torch.softmax(self.router(x), dim=-1)
+            out = x
+            for e, expert in enumerate(self.experts):
+                out = out + gates[..., e:e + 1] * expert(x)
+            if self.degraded_passes:
+                with torch.no_grad():
+                    for i in range(self.degraded_passes):
+                        self.experts[i % len(self.experts)](x)
+            return out
+
+    class Block(nn.Module):
+        def __init__(self, d: int, experts: int):
+            super().__init__()
+            self.attention = Attention(d)
+            self.mlp = MoEMLP(d, experts)
+            self.head = nn.Linear(d, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.mlp(self.attention(x))).mean()
+
+    return Block(cfg.d_model, cfg.experts)
+
+
+def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=cfg.world)
+    try:
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg)
+        ddp = DDP(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+
+        timer = writer = None
+        if cfg.instrument:
+            from collector.coordinates import detect
+            from collector.stage_timer import StageTimer
+            from collector.writer import open_writer
+
+            coords, _ = detect(cfg.topology, job=cfg.job)
+            writer = open_writer(cfg.store, cfg.bucket, flush_interval_s=0.5)
+            timer = StageTimer(coords, sink=writer.put)
+            timer.time_module(model.attention, "attention")
+            timer.time_module(model.mlp, "mlp")
+            timer.time_ddp_allreduce(ddp, "reduce_scatter")
+
+        prof = None
+        if cfg.profile_dir:
+            from torch.profiler import ProfilerActivity, profile
+
+            prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+            prof.__enter__()
+
+        def make_batch() -> torch.Tensor:
+            return torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=gen)
+
+        for _ in range(cfg.warmup):  # first iterations allocate and connect: not reported
+            ddp(make_batch()).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step_s: list[float] = []
+        dist.barrier()
+        if timer is not None:
+            timer.reset()
+        for it in range(cfg.iterations):
+            t0 = time.perf_counter()
+            if rank == cfg.slow_rank and it >= cfg.slow_from:
+                model.mlp.degraded_passes = cfg.slow_factor
+            if timer is not None:
+                with timer.stage("dataloader"):
+                    x = make_batch()
+            else:
+                x = make_batch()
+            loss = ddp(x)
+            loss.backward()
+            if timer is not None:
+                with timer.stage("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                timer.step(it)
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if prof is not None:
+                prof.step()
+            step_s.append(time.perf_counter() - t0)
+
+        trace = None
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            os.makedirs(cfg.profile_dir, exist_ok=True)
+            trace = os.path.join(cfg.profile_dir, f"rank{rank}.trace.json")
+            prof.export_chrome_trace(trace)
+        stats = {}
+        if timer is not None and writer is not None:
+            timer.close()
+            stats = asdict(writer.close())
+        results.put(RankResult(rank, step_s, stats, trace))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_demo(cfg: DemoConfig) -> DemoResult:
+    """Launch the ``cfg.world`` processes, wait for them, collect their results."""
+    import torch.multiprocessing as mp
+
+    # forkserver: torch is imported once by the server, the ranks are forked from it
+    # (a fresh interpreter per rank would import torch 8 times on 2 cores).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "pandas", "collector.torch_demo"])
+    results = ctx.SimpleQueue()
+    t0 = time.perf_counter()
+    mp.start_processes(_worker, args=(cfg, _free_port(), results), nprocs=cfg.world,
+                       join=True, start_method="forkserver")
+    out = []
+    while not results.empty():
+        out.append(results.get())
+    if len(out) != cfg.world:
+        raise RuntimeError(f"only {len(out)} of {cfg.world} ranks reported back")
+    return DemoResult(cfg, sorted(out, key=lambda r: r.rank), time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------- CLI
+def register(sub: argparse._SubParsersAction) -> None:
+    from rankscope.cli import add_store_options
+
+    p = sub.add_parser(
+        "torch-demo", help="run a real 8-process torch.distributed (gloo, CPU) job, instrumented",
+        description="Train a small MoE-like model with DDP on CPU in WORLD processes (gloo), time "
+                    "each rank's stages with the rankscope stage timer and write one stage_latency "
+                    "point per rank per iteration to the store. One rank can be made slow in its "
+                    "mlp compute from a given iteration (real extra work) to see the diagnosis. "
+                    "Needs the torch extra: pip install 'rankscope[torch]'.")
+    add_store_options(p)
+    p.add_argument("--job", default="torch-demo", help="job name (tag 'job'; default torch-demo)")
+    p.add_argument("--world", type=int, default=8, help="number of processes (default 8)")
+    p.add_argument("--gpus-per-node", type=int, default=4, help="ranks per emulated node (default 4)")
+    p.add_argument("--iterations", type=int, default=40, help="training iterations (default 40)")
+    p.add_argument("--slow-rank", type=int, default=5, help="rank made slow; -1 for none (default 5)")
+    p.add_argument("--slow-from", type=int, default=15, help="first slow iteration (default 15)")
+    p.add_argument("--slow-factor", type=int, default=300,
+                   help="extra expert passes the slow rank computes in mlp (default 300)")
+    p.add_argument("--profile-dir", default=None,
+                   help="also record a torch.profiler trace per rank into this folder "
+                        "(input for 'rankscope import-trace')")
+    p.set_defaults(func=_run_cli)
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    cfg = DemoConfig(job=args.job, store=args.store, bucket=args.bucket, world=args.world,
+                     gpus_per_node=args.gpus_per_node, iterations=args.iterations,
+                     slow_rank=None if args.slow_rank < 0 else args.slow_rank,
+                     slow_from=args.slow_from, slow_factor=args.slow_factor,
+                     profile_dir=args.profile_dir)
+    print(f"torch-demo: {cfg.world} processes x {cfg.iterations} iterations (gloo, CPU)...",
+          file=sys.stderr, flush=True)
+    res = run_demo(cfg)
+    for r in res.ranks:
+        w = r.writer
+        print(f"rank {r.rank}: median step {statistics.median(r.step_s) * 1000:.1f} ms, "
+              f"written {w.get('written', 0)}, dropped {w.get('dropped', 0)}"
+              + (f", trace {r.trace}" if r.trace else ""))
+    print(f"done in {res.wall_s:.1f} s; job {cfg.job!r}", file=sys.stderr)
+    return 0
