@@ -178,13 +178,6 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
             timer.time_module(model.mlp, "mlp")
             timer.time_ddp_allreduce(ddp, "reduce_scatter")
 
-        prof = None
-        if cfg.profile_dir:
-            from torch.profiler import ProfilerActivity, profile
-
-            prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
-            prof.__enter__()
-
         def make_batch() -> torch.Tensor:
             return torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=gen)
 
@@ -196,6 +189,18 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
         dist.barrier()
         if timer is not None:
             timer.reset()
+        prof = trace = None
+        if cfg.profile_dir:
+            # ProfilerStep#N marks iteration N (step 0 is the profiler's warm-up); with_stack
+            # records the "nn.Module: ..." events the trace importer maps to stages.
+            from torch.profiler import ProfilerActivity, profile, schedule
+
+            os.makedirs(cfg.profile_dir, exist_ok=True)
+            trace = os.path.join(cfg.profile_dir, f"rank{rank}.trace.json")
+            prof = profile(activities=[ProfilerActivity.CPU], with_stack=True,
+                           schedule=schedule(wait=0, warmup=1, active=max(cfg.iterations - 1, 1)),
+                           on_trace_ready=lambda p: p.export_chrome_trace(trace))
+            prof.__enter__()
         for it in range(cfg.iterations):
             t0 = time.perf_counter()
             if rank == cfg.slow_rank and it >= cfg.slow_from:
@@ -219,12 +224,8 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
                 prof.step()
             step_s.append(time.perf_counter() - t0)
 
-        trace = None
         if prof is not None:
             prof.__exit__(None, None, None)
-            os.makedirs(cfg.profile_dir, exist_ok=True)
-            trace = os.path.join(cfg.profile_dir, f"rank{rank}.trace.json")
-            prof.export_chrome_trace(trace)
         stats = {}
         if timer is not None and writer is not None:
             timer.close()

@@ -18,6 +18,8 @@ from rankscope.config import DEFAULT_BUCKET, DEFAULT_STORE
 COMMAND_MODULES = [
     "rankscope.cli_store",
     "collector.simulate_cli",
+    "collector.trace_cli",
+    "collector.torch_demo",
     "dashboards.cli",
     "dashboards.report",
 ]

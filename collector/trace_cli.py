@@ -1,0 +1,96 @@
+"""``rankscope import-trace FILES...``: PyTorch profiler traces -> ``stage_latency`` points."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from pathlib import Path
+
+from collector.kineto import DEFAULT_PATTERNS, StagePatterns, TraceError, import_traces
+from rankscope.schema import DEFAULT_STAGES, StageSet
+from rankscope.topology import Topology
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from rankscope.cli import add_store_options
+
+    defaults = "; ".join(f"{s}: {' | '.join(p)}" for s, p in DEFAULT_PATTERNS.items())
+    p = sub.add_parser(
+        "import-trace", help="import PyTorch profiler (Kineto) traces as stage latencies",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read one torch.profiler trace per rank (.json or .json.gz, from export_chrome_trace "
+                    "or tensorboard_trace_handler), cut it into iterations at its ProfilerStep#N "
+                    "annotations, map operator, annotation, module and kernel events to stages by "
+                    "name patterns, and write one stage_latency point per rank per iteration.\n\n"
+                    "A stage's time is the union of its matching events, of the backward operators "
+                    "of forward operators run inside them, and (GPU) of the kernels they launched. "
+                    "The rank comes from the trace's distributedInfo, else 'rankN' in the file name, "
+                    "else --rank.\n\nDefault patterns (regular expressions): " + defaults)
+    add_store_options(p)
+    p.add_argument("files", nargs="+", metavar="FILE", help="trace files, one per rank")
+    p.add_argument("--job", required=True, help="job name the points are tagged with")
+    p.add_argument("--config", type=Path, default=None,
+                   help="TOML file with a [trace.patterns] table (stage = [regex, ...]) replacing "
+                        "the default patterns of those stages, and optionally a [stages] table "
+                        "declaring the job's own stages")
+    p.add_argument("--pattern", action="append", default=[], metavar="STAGE=REGEX",
+                   help="replace a stage's patterns (repeatable; several for one stage add up)")
+    p.add_argument("--rank", type=int, default=None, help="rank of a single trace without rank information")
+    p.add_argument("--iteration-offset", type=int, default=0,
+                   help="added to the ProfilerStep number to give the training iteration")
+    for dim in ("tp", "pp", "dp", "ep"):
+        p.add_argument(f"--{dim}", type=int, default=None,
+                       help=f"{dim.upper()} size of the job (default: pure DP over the traces' world)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
+    p.set_defaults(func=run)
+
+
+def _patterns(args: argparse.Namespace) -> StagePatterns:
+    stages: StageSet = DEFAULT_STAGES
+    table: dict[str, list[str]] = {}
+    if args.config is not None:
+        try:
+            conf = tomllib.loads(args.config.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise TraceError(f"cannot read --config {args.config}: {exc}") from None
+        if "stages" in conf:
+            stages = StageSet.from_config(conf["stages"])
+        pats = conf.get("trace", {}).get("patterns", {})
+        if not isinstance(pats, dict):
+            raise TraceError(f"{args.config}: [trace.patterns] must be a table of stage = [regex, ...]")
+        table.update({k: [v] if isinstance(v, str) else list(v) for k, v in pats.items()})
+    cli: dict[str, list[str]] = {}
+    for spec in args.pattern:
+        stage, sep, regex = spec.partition("=")
+        if not sep or not stage or not regex:
+            raise TraceError(f"--pattern {spec!r}: expected STAGE=REGEX")
+        cli.setdefault(stage, []).append(regex)
+    table.update(cli)
+    base = StagePatterns.build({s: p for s, p in DEFAULT_PATTERNS.items() if s in stages}, stages)
+    for stage in table:
+        if stage not in stages:
+            raise TraceError(f"pattern for unknown stage {stage!r}; known: {', '.join(stages.names)}")
+    return base.with_overrides(table) if table else base
+
+
+def _topology(args: argparse.Namespace) -> Topology | None:
+    dims = {d: getattr(args, d) for d in ("tp", "pp", "dp", "ep") if getattr(args, d) is not None}
+    if not dims:
+        return None
+    return Topology(**dims, gpus_per_node=args.gpus_per_node)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankscope.store import open_store
+
+    patterns = _patterns(args)
+    topology = _topology(args)
+    with open_store(args.store, args.bucket) as store:
+        report = import_traces(args.files, store, args.job, topology, patterns,
+                               iteration_offset=args.iteration_offset, rank=args.rank,
+                               progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"imported {report.points} point(s): {report.files} trace(s), ranks "
+          f"{','.join(map(str, report.ranks))}, {report.iterations} iteration(s), "
+          f"stages {', '.join(report.stages)}")
+    return 0
