@@ -136,9 +136,10 @@ class BackgroundWriter:
         if not batch:
             return None
         try:
-            self.store.write_stage_latency(pd.DataFrame([p for _, p in batch]))
+            written = self.store.write_stage_latency(pd.DataFrame([p for _, p in batch])).written
         except RejectedPointsError as exc:  # the data's fault: the valid points went in
             self._rejected += len(exc.report.rejected)
+            written = exc.report.written
             log.warning("rankscope writer: %s", exc)
         except Exception as exc:  # noqa: BLE001 - any failure of the backend means: retry later
             self._failures += 1
@@ -150,7 +151,7 @@ class BackgroundWriter:
         with self._lock:
             while self._queue and self._queue[0][0] <= last:
                 self._queue.popleft()
-        self._written += len(batch)
+        self._written += written
         self._report_drops()
         return True
 

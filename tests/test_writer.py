@@ -1,0 +1,119 @@
+"""The background writer on the real InfluxDB: delivery, outage buffering, drops, rejections."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from collector.coordinates import RankCoordinates
+from collector.stage_timer import StageTimer
+from collector.writer import DROP_EVENT, BackgroundWriter, open_writer
+from rankscope.store import InfluxStore
+from rankscope.topology import Topology
+
+
+def point(it: int, rank: int = 3, mlp: float = 30.0) -> dict:
+    return {"time": 1_790_000_000_000 + it * 1000, "job": "w", "rank": rank, "pp": 0, "dp": rank,
+            "tp": 0, "ep_group": rank, "node": 0, "iteration": it, "iteration_ms": 100.0 + it,
+            "mlp": mlp + it}
+
+
+def test_points_arrive_in_the_store(influx_store):
+    writer = BackgroundWriter(influx_store, flush_interval_s=0.05, batch_size=7)
+    for it in range(25):
+        writer.put(point(it))
+    stats = writer.close()
+    assert (stats.written, stats.dropped, stats.queued, stats.failures) == (25, 0, 0, 0)
+    df = influx_store.read_stage_latency("w")
+    assert df["iteration"].tolist() == list(range(25))
+    assert np.allclose(df["mlp"], 30.0 + np.arange(25))
+    assert set(df["rank"]) == {3}
+
+
+def test_invalid_values_are_counted_and_the_rest_written(influx_store):
+    writer = BackgroundWriter(influx_store, flush_interval_s=0.05)
+    writer.put(point(0))
+    writer.put(point(1, mlp=float("inf")))
+    writer.put(point(2))
+    stats = writer.close()
+    assert (stats.rejected, stats.written, stats.queued) == (1, 2, 0)  # not retried forever
+    df = influx_store.read_stage_latency("w")
+    assert sorted(df["iteration"]) == [0, 2]
+
+
+def test_bad_settings_are_refused(influx_store):
+    with pytest.raises(ValueError, match="capacity"):
+        BackgroundWriter(influx_store, capacity=0)
+    with pytest.raises(ValueError, match="backoff"):
+        BackgroundWriter(influx_store, backoff_s=1.0, backoff_max_s=0.5)
+
+
+def test_open_writer_uses_the_configured_store_without_store_retries(influx_url):
+    bucket = f"test_{uuid.uuid4().hex[:10]}"
+    writer = open_writer(influx_url, bucket, flush_interval_s=0.05)
+    try:
+        assert isinstance(writer.store, InfluxStore) and writer.store.retries == 0
+        writer.put(point(0))
+        assert writer.close().written == 1
+        assert len(writer.store.read_stage_latency("w")) == 1
+    finally:
+        writer.store.drop_database()
+
+
+def test_outage_buffers_within_the_bound_drops_the_oldest_and_reports_it(influx_server):
+    """influxd is stopped while a timed loop runs; steps are not slowed, the newest
+    ``capacity`` points arrive after the restart, the rest are counted and reported."""
+    capacity = 30
+    store = InfluxStore(influx_server.url, f"outage_{uuid.uuid4().hex[:8]}", api="v1",
+                        retries=0, timeout_s=2.0)
+    writer = BackgroundWriter(store, capacity=capacity, flush_interval_s=0.05,
+                              backoff_s=0.05, backoff_max_s=0.2)
+    coords = RankCoordinates.from_topology(Topology(dp=8, gpus_per_node=4), 6, "outage-job")
+    timer = StageTimer(coords, sink=writer.put)
+
+    def train(n: int) -> list[float]:
+        step_s = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            with timer.stage("mlp"):
+                time.sleep(0.002)  # stands for the step's compute
+            timer.step()
+            step_s.append(time.perf_counter() - t0)
+        return step_s
+
+    try:
+        train(10)
+        assert writer.flush(10)
+        influx_server.stop()
+        outage = train(80)
+        down = writer.stats()
+        influx_server.start()
+        assert writer.flush(20)  # the buffered points go in once the server is back
+        train(10)
+        assert writer.flush(20)
+        stats = writer.close()
+
+        assert down.failures >= 1 and down.queued == capacity  # it did try, and held the bound
+        assert max(outage) < 0.2  # a blocking write would wait for the store (seconds)
+        assert stats.dropped == 80 - capacity and stats.dropped_reported == stats.dropped
+        assert stats.written == 10 + capacity + 10 and stats.queued == 0
+
+        df = store.read_stage_latency("outage-job")
+        # before the outage, the newest `capacity` of the outage, after the restart
+        expected = list(range(10)) + list(range(90 - capacity, 90)) + list(range(90, 100))
+        assert df["iteration"].tolist() == expected
+        assert (df["mlp"] >= 2.0).all()
+        events = store.read_events("outage-job")
+        drop = events[events["name"] == DROP_EVENT]
+        assert drop["value"].astype(int).tolist() == [80 - capacity]
+        assert drop["rank"].astype(int).tolist() == [6]
+        assert "dropped 50 point(s)" in drop["text"].iloc[0]
+    finally:
+        writer.close(timeout_s=1)
+        if influx_server.proc is None:
+            influx_server.start()
+        store.drop_database()
+        store.close()
