@@ -1,0 +1,86 @@
+"""Analyzer thresholds, all in one typed record (defaults from IL-0477 and calibration).
+
+Loaded from the ``[analyzer]`` table of a TOML file (``--config``); unknown keys
+are refused by name.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """Thresholds of L1, L2 and the diagnosis.
+
+    L1 (iteration time): ``l1_window`` accepted values in the rolling reference,
+    ``l1_min_history`` before alarming, robust z ``l1_threshold``, relative
+    change ``l1_min_change``, ``l1_persist`` iterations to confirm a step,
+    ``l1_spike_max`` iterations a spike may last.
+
+    L2 (ranks against their group and their own past): a cell (rank x stage) is
+    *hot* when its ratio to the group median stands ``min_change`` above its own
+    baseline (smoothed over ``smooth`` iterations) or ``abs_ratio`` above the
+    group whatever its past, or ``spike_ratio`` in a single iteration, each also
+    ``z`` robust sigmas out. ``cv_threshold`` marks a group anomalous (IL-0477's
+    EP group had CV ~0.9 in mlp). Collective floors (the group's minimum: the
+    pure transfer time) count as risen at ``floor_change``.
+
+    Diagnosis: a hot streak of more than ``transient_max`` iterations is a
+    straggler; a shorter one that ends is a transient stall; an incident
+    resolves after ``resolve_after`` iterations without its culprits hot; a
+    rank missing for ``silent_after`` iterations is silent. ``event_lookback``
+    iterations before onset count for correlating out-of-band events.
+    """
+
+    l1_window: int = 20
+    l1_min_history: int = 8
+    l1_threshold: float = 6.0
+    l1_min_change: float = 0.10
+    l1_persist: int = 2
+    l1_spike_max: int = 1
+    l1_rank_fraction: float = 0.05
+
+    smooth: int = 3
+    min_change: float = 0.15
+    abs_ratio: float = 1.5
+    spike_ratio: float = 2.0
+    z: float = 6.0
+    min_sigma: float = 0.01
+    baseline_alpha: float = 0.1
+    baseline_warmup: int = 5
+    cv_threshold: float = 0.8
+    floor_change: float = 0.3
+    report_ratio: float = 1.3
+    report_max_ranks: int = 2000
+    l2_window: int = 5
+
+    transient_max: int = 3
+    resolve_after: int = 3
+    silent_after: int = 2
+    event_lookback: int = 5
+    history: int = 40
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and v < 0:
+                raise ValueError(f"analyzer setting {f.name} must not be negative, got {v}")
+        if self.smooth < 1 or self.l1_persist < 1:
+            raise ValueError("smooth and l1_persist must be at least 1")
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> AnalyzerConfig:
+        data = tomllib.loads(Path(path).read_text())
+        table = data.get("analyzer", {})
+        return cls().with_overrides(**table)
+
+    def with_overrides(self, **kw) -> AnalyzerConfig:
+        known = {f.name: f.type for f in fields(self)}
+        unknown = set(kw) - set(known)
+        if unknown:
+            raise ValueError(f"unknown analyzer setting(s): {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(sorted(known))}")
+        return replace(self, **kw)

@@ -1,0 +1,102 @@
+"""One job's analyzer: all the streaming state, fed one iteration at a time.
+
+Pure computation (no I/O): :class:`JobAnalyzer` takes latency cubes and events
+and returns what to write (change points, incidents, L2 points). The cycle
+(:mod:`analyzer.cycle`) does the reading and writing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis import Diagnoser
+from analyzer.floors import TransferFloorScorer
+from analyzer.incidents import Incident
+from analyzer.l1 import ChangePoint, L1Monitor
+from analyzer.l2_points import l2_group_frame, l2_rank_frame, window_medians
+from analyzer.rank_scores import RankScorer, RankScores
+from analyzer.stage_balance import PipelineBalanceScorer
+from analyzer.window import Window
+from rankscope.frames import LatencyCube
+from rankscope.schema import StageSet
+from rankscope.topology import Topology
+
+
+@dataclass
+class FeedResult:
+    """What feeding some iterations produced."""
+
+    iterations: list[int] = field(default_factory=list)
+    changepoints: list[ChangePoint] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
+
+
+class JobAnalyzer:
+    """L1, L2 and diagnosis state of one job."""
+
+    def __init__(self, job: str, topo: Topology, stages: StageSet, config: AnalyzerConfig | None = None):
+        self.job, self.topo, self.stages = job, topo, stages
+        self.cfg = config or AnalyzerConfig()
+        self.l1 = L1Monitor(job, topo.world, self.cfg)
+        self.ranks = RankScorer(topo, stages, self.cfg)
+        self.floors = TransferFloorScorer(topo, stages, self.cfg)
+        self.balance = PipelineBalanceScorer(topo, stages, self.cfg)
+        self.diag = Diagnoser(job, topo, stages, self.cfg)
+        self.window = Window(self.cfg.history)
+        self.last_iteration = -1
+        self.last_time_ms = 0
+        self.last_scores: RankScores | None = None
+
+    def feed(self, cube: LatencyCube) -> FeedResult:
+        """Process the iterations of ``cube`` newer than what was seen, in order."""
+        if cube.stages != self.stages.names:
+            idx = [cube.stages.index(s) if s in cube.stages else -1 for s in self.stages.names]
+            values = np.where(np.array(idx)[None, None, :] >= 0, cube.values[:, :, idx], np.nan)
+        else:
+            values = cube.values
+        res = FeedResult()
+        changed: dict[str, Incident] = {}
+        for i, it in enumerate(cube.iterations):
+            if it <= self.last_iteration:
+                continue
+            cps, incs = self.step(int(it), int(cube.times[i]), values[i], cube.iteration_ms[i])
+            res.iterations.append(int(it))
+            res.changepoints += cps
+            for inc in incs:
+                changed[inc.id] = inc
+        for inc in self.diag.rejudge_events(self.window):
+            changed[inc.id] = inc
+        res.incidents = list(changed.values())
+        return res
+
+    def step(self, iteration: int, time_ms: int, values: np.ndarray,
+             iteration_ms: np.ndarray) -> tuple[list[ChangePoint], list[Incident]]:
+        present = np.isfinite(values).any(axis=1)
+        self.window.push(iteration, time_ms, values)
+        cps = self.l1.update(iteration, time_ms, iteration_ms)
+        for cp in cps:
+            if cp.scope == "job" and cp.kind == "step" and cp.recovered_iteration < 0:
+                self.diag.last_step = {"iteration": cp.iteration, "before_ms": round(cp.before_ms, 1),
+                                       "after_ms": round(cp.after_ms, 1)}
+        scores = self.ranks.update(values, present)
+        floors = self.floors.update(values)
+        bal_hot = self.balance.update(values)
+        incs = self.diag.update(iteration, time_ms, self.window, scores, floors, bal_hot,
+                                self.balance.last_ratio, present)
+        self.last_scores = scores
+        self.last_iteration, self.last_time_ms = iteration, time_ms
+        return cps, incs
+
+    def l2_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """``l2_group`` and ``l2_rank`` points for the latest window."""
+        if self.last_scores is None or not len(self.window):
+            return pd.DataFrame(), pd.DataFrame()
+        med = window_medians(self.window.values[self.window.last(self.cfg.l2_window)])
+        g = l2_group_frame(self.job, self.topo, self.stages, med, self.last_time_ms, self.cfg)
+        r = l2_rank_frame(self.job, self.topo, self.stages, med, self.last_scores, self.ranks.ref_kind,
+                          self.last_time_ms, self.cfg)
+        return g, r

@@ -1,0 +1,126 @@
+"""Transfer floors of collectives: where a slow link shows.
+
+A collective finishes when its last member arrives plus the transfer time;
+the last arriver waits for nobody, so the group's *minimum* measured duration
+approximates the pure transfer time. A rising floor means slow transfers (a
+degraded link somewhere in the group); a wide spread with a steady floor means
+waiting on a straggler. The ranks behind a degraded link are those at the
+intersection of the groups (of every kind) whose floor rose.
+
+Each iteration, per communication stage, the floor of every group of the
+stage's kind is compared with its own baseline and with the median floor of
+all groups of that kind, in log space, vectorised over groups.
+
+Example::
+
+    >>> import numpy as np
+    >>> from rankscope.schema import DEFAULT_STAGES
+    >>> from rankscope.topology import Topology
+    >>> t = Topology(tp=1, pp=2, dp=8, ep=4, gpus_per_node=4)
+    >>> f = TransferFloorScorer(t, DEFAULT_STAGES)
+    >>> v = np.full((16, 10), 5.0)
+    >>> for _ in range(6):
+    ...     _ = f.update(v)
+    >>> # node 1 (ranks 4-7) has a slow NIC: its EP all-to-all (column 2) and its
+    >>> # DP reduce-scatter (column 6) take longer for every member of those groups
+    >>> v[t.group_ranks("ep", 4), 2] = 15.0
+    >>> v[t.group_ranks("dp", 4), 6] = 15.0
+    >>> culprits, stage, ratio = intersect_risen(t, f.update(v))
+    >>> culprits.tolist()
+    [4, 5, 6, 7]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzer.baseline import Baseline
+from analyzer.config import AnalyzerConfig
+from analyzer.group_scores import robust_sigma
+from rankscope.schema import StageSet
+from rankscope.topology import Topology
+
+
+@dataclass
+class FloorScores:
+    """Per communication stage: its group kind, each group's floor ratio and risen mask."""
+
+    stage: list[str]
+    kind: list[str]
+    floor: list[np.ndarray]   # [G_k] ms
+    ratio: list[np.ndarray]   # floor / baseline (or / median floor of the kind before trusted)
+    risen: list[np.ndarray]   # bool [G_k]
+
+
+class TransferFloorScorer:
+    """Floors of every collective group, per comm stage; ``update`` once per iteration."""
+
+    def __init__(self, topo: Topology, stages: StageSet, config: AnalyzerConfig | None = None):
+        self.topo, self.cfg = topo, config or AnalyzerConfig()
+        self.comm = [(i, s.name, s.group) for i, s in enumerate(stages)
+                     if s.kind == "comm" and topo.group_size(s.group) > 1]
+        self.base = {name: Baseline((topo.group_count(kind),), alpha=self.cfg.baseline_alpha,
+                                    warmup=self.cfg.baseline_warmup) for _, name, kind in self.comm}
+
+    def update(self, values: np.ndarray) -> FloorScores:
+        out = FloorScores([], [], [], [], [])
+        cfg = self.cfg
+        for i, name, kind in self.comm:
+            g = values[:, i][self.topo.members(kind)]
+            with np.errstate(all="ignore"):
+                import warnings
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    floor = np.nanmin(g, axis=1)
+                    lf = np.log(np.where(floor > 0, floor, np.nan))
+                    cross = lf - np.nanmedian(lf)
+            b = self.base[name]
+            if b.trusted().all():
+                # against each group's own past, in units of its own noise
+                rel = b.deviation(lf)
+                sig = np.maximum(b.sigma(), cfg.min_sigma)
+            else:
+                rel = cross
+                sig = max(float(np.nan_to_num(robust_sigma(rel[:, None], axis=0)[0], nan=0.0)), cfg.min_sigma)
+            with np.errstate(invalid="ignore"):
+                risen = (rel > np.log1p(cfg.floor_change)) & (rel > cfg.z * sig)
+            b.update(lf, learn=~risen)
+            out.stage.append(name)
+            out.kind.append(kind)
+            out.floor.append(floor)
+            out.ratio.append(np.exp(rel))
+            out.risen.append(risen)
+        return out
+
+
+def intersect_risen(topo: Topology, scores: FloorScores) -> tuple[np.ndarray, str | None, float]:
+    """Ranks at the intersection of all kinds' risen groups; the stage whose floor rose most.
+
+    Kinds with no risen group do not constrain. Empty when nothing rose.
+    """
+    sets: dict[str, np.ndarray] = {}
+    best_stage, best_ratio = None, 1.0
+    for name, kind, ratio, risen in zip(scores.stage, scores.kind, scores.ratio, scores.risen, strict=True):
+        if not risen.any():
+            continue
+        # the groups behind the link rise most; groups that only wait on them rise less
+        with np.errstate(all="ignore"):
+            lr = np.log(ratio)
+        risen = risen & (lr >= 0.5 * np.nanmax(lr[risen]))
+        ranks = topo.members(kind)[risen].reshape(-1)
+        sets[kind] = np.union1d(sets.get(kind, np.empty(0, np.int64)), ranks)
+        r = float(np.nanmax(ratio[risen]))
+        if r > best_ratio:
+            best_stage, best_ratio = name, r
+    if not sets:
+        return np.empty(0, np.int64), None, 1.0
+    # intersect from the smallest set; a kind that would empty the set is not trusted
+    order = sorted(sets.values(), key=len)
+    culprits = order[0]
+    for s in order[1:]:
+        nxt = np.intersect1d(culprits, s)
+        if len(nxt):
+            culprits = nxt
+    return np.sort(culprits), best_stage, best_ratio

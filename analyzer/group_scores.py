@@ -1,0 +1,88 @@
+"""L2 statistics inside parallel groups, for every group and stage at once.
+
+Pure functions over a per-rank matrix ``values[rank, stage]`` and a group
+member matrix ``members[group, size]`` (from :meth:`Topology.members`): all
+groups of one kind have the same size, so every statistic is a reduction
+along axis 1 of ``values[members]`` — no loop over groups or ranks.
+
+Example::
+
+    >>> import numpy as np
+    >>> from rankscope.topology import Topology
+    >>> t = Topology(tp=1, pp=1, dp=8, ep=4, gpus_per_node=4)
+    >>> v = np.full((8, 1), 40.0); v[5] = 228.0
+    >>> s = group_stats(v, t.members("ep"))
+    >>> s.median[:, 0].tolist(), s.cv[:, 0].round(2).tolist()
+    [[40.0, 40.0], [0.0, 0.81]]
+    >>> ratio_to_group(v, t.members("ep"), t.group_ids("ep"))[5, 0]
+    5.7
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass
+class GroupStats:
+    """Per group and stage (arrays ``[n_groups, n_stages]``)."""
+
+    mean: np.ndarray
+    median: np.ndarray
+    std: np.ndarray
+    cv: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    count: np.ndarray
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+
+def group_stats(values: np.ndarray, members: np.ndarray) -> GroupStats:
+    """Mean, median, std, coefficient of variation, min, max of every group (NaN-aware)."""
+    g = values[members]  # [G, size, S]
+    mean = _quiet(np.nanmean, g, axis=1)
+    std = _quiet(np.nanstd, g, axis=1)
+    return GroupStats(
+        mean=mean,
+        median=_quiet(np.nanmedian, g, axis=1),
+        std=std,
+        cv=_quiet(np.divide, std, mean),
+        min=_quiet(np.nanmin, g, axis=1),
+        max=_quiet(np.nanmax, g, axis=1),
+        count=np.sum(np.isfinite(g), axis=1),
+    )
+
+
+def group_medians(values: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Median of every group and stage, ``[G, S]``."""
+    return _quiet(np.nanmedian, values[members], axis=1)
+
+
+def ratio_to_group(values: np.ndarray, members: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
+    """Each rank's value over its group's median, ``[R, S]`` (NaN where undefined)."""
+    med = group_medians(values, members)
+    return _quiet(np.divide, values, med[group_ids])
+
+
+def robust_z(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """``(x - median) / (1.4826 * MAD)`` along ``axis`` (NaN-aware; 0 where MAD is 0)."""
+    med = _quiet(np.nanmedian, x, axis=axis, keepdims=True)
+    mad = MAD_TO_SIGMA * _quiet(np.nanmedian, np.abs(x - med), axis=axis, keepdims=True)
+    return np.where(mad > 0, _quiet(np.divide, x - med, mad), 0.0)
+
+
+def robust_sigma(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """1.4826 * MAD along ``axis`` (NaN-aware)."""
+    med = _quiet(np.nanmedian, x, axis=axis, keepdims=True)
+    return MAD_TO_SIGMA * _quiet(np.nanmedian, np.abs(x - med), axis=axis)

@@ -1,0 +1,105 @@
+"""Per-rank L2 scores each iteration: which ranks are slow in which stage, against whom.
+
+Every rank's stage time is divided by the median of its *peers*: the ranks of
+its DP group (same pipeline stage, same TP index), which run the same layers
+on the same shapes. The log of that ratio is compared with
+
+- the rank's own baseline (:class:`~analyzer.baseline.Baseline`), smoothed over
+  a few iterations: a GPU that has always been 5% slow is not news, one that
+  just became 20% slower is;
+- the group itself, whatever the past: ``abs_ratio`` (1.5x) above the peers;
+- a single iteration far out (``spike_ratio``): transient stalls;
+
+each also ``z`` robust sigmas out, the sigma measured across all ranks of the
+stage this iteration. Communication stages are scored the same way against the
+group their collective runs in (EP for dispatch/combine, DP for
+reduce_scatter/all_gather, the pipeline for p2p), which is the evidence of who
+waited and who arrived last.
+
+All of it is array arithmetic over ``[rank, stage]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzer.baseline import Baseline
+from analyzer.config import AnalyzerConfig
+from analyzer.group_scores import group_medians, robust_sigma
+from rankscope.schema import StageSet
+from rankscope.topology import Topology
+
+
+@dataclass
+class RankScores:
+    """One iteration's scores, arrays ``[rank, stage]`` (stages in StageSet order)."""
+
+    ratio: np.ndarray        # value / peer-group median (comm: / own collective group median)
+    smooth_ratio: np.ndarray  # the same, median over the last ``smooth`` iterations
+    rel: np.ndarray          # smoothed log ratio minus the rank's own baseline
+    z: np.ndarray            # rel in robust sigmas of this stage across ranks
+    hot: np.ndarray          # bool: slow beyond the thresholds (cause stages only)
+
+
+def peer_kind(topo: Topology) -> str:
+    """The group whose members do the same work: DP when it has at least 3 ranks."""
+    return "dp" if topo.dp >= 3 else "pipeline" if topo.pp >= 3 else "node"
+
+
+class RankScorer:
+    """State of the per-rank scores of one job; ``update`` once per iteration."""
+
+    def __init__(self, topo: Topology, stages: StageSet, config: AnalyzerConfig | None = None):
+        self.topo, self.stages = topo, stages
+        self.cfg = config or AnalyzerConfig()
+        n, s = topo.world, len(stages)
+        self.ref_kind = [st.group if st.kind == "comm" else peer_kind(topo) for st in stages]
+        self.cause = np.array([st.kind in ("compute", "host") for st in stages])
+        self.baseline = Baseline((n, s), alpha=self.cfg.baseline_alpha, warmup=self.cfg.baseline_warmup)
+        self.hist = np.full((self.cfg.smooth, n, s), np.nan)
+        self.t = 0
+        self._kinds = sorted(set(self.ref_kind))
+
+    def ratios(self, values: np.ndarray) -> np.ndarray:
+        """Each rank's value over its reference group's median, ``[R, S]``."""
+        out = np.full(values.shape, np.nan)
+        for kind in self._kinds:
+            cols = [i for i, k in enumerate(self.ref_kind) if k == kind]
+            v = values[:, cols]
+            med = group_medians(v, self.topo.members(kind))[self.topo.group_ids(kind)]
+            with np.errstate(all="ignore"):
+                out[:, cols] = np.where(med > 0, v / med, np.nan)
+        return out
+
+    def update(self, values: np.ndarray, present: np.ndarray) -> RankScores:
+        cfg = self.cfg
+        ratio = self.ratios(values)
+        with np.errstate(all="ignore"):
+            lr = np.log(ratio)
+        self.hist[self.t % cfg.smooth] = lr
+        self.t += 1
+        with np.errstate(all="ignore"):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                lr_s = np.nanmedian(self.hist[: min(self.t, cfg.smooth)], axis=0)
+        rel = self.baseline.deviation(lr_s)
+        rel_now = self.baseline.deviation(lr)
+        sig = np.maximum(robust_sigma(rel, axis=0), cfg.min_sigma)        # [S]
+        sig_now = np.maximum(robust_sigma(rel_now, axis=0), cfg.min_sigma)
+        sig_lr = np.maximum(robust_sigma(lr_s, axis=0), cfg.min_sigma)
+        with np.errstate(invalid="ignore"):
+            hot_smooth = (rel > np.log1p(cfg.min_change)) & (rel > cfg.z * sig)
+            hot_abs = (lr_s > np.log(cfg.abs_ratio)) & (lr_s > cfg.z * sig_lr)
+            hot_now = (rel_now > np.log(cfg.spike_ratio)) & (rel_now > cfg.z * sig_now)
+            # smoothed evidence counts only while this iteration is still out too, so a
+            # streak ends the iteration the rank recovers (transient stalls keep their length)
+            still = rel_now > 0.5 * np.log1p(cfg.min_change)
+        hot = (((hot_smooth | hot_abs) & still) | hot_now) & present[:, None] & self.cause[None, :]
+        # learn only from what looks normal now (comm stages learn too: their ratio is evidence)
+        self.baseline.update(lr_s, learn=~(hot_smooth | hot_abs | hot_now) & present[:, None])
+        with np.errstate(all="ignore"):
+            z = rel / sig
+        return RankScores(ratio=ratio, smooth_ratio=np.exp(lr_s), rel=rel, z=z, hot=hot)

@@ -1,0 +1,78 @@
+"""Rolling robust reference level of many series at once (median and MAD of the recent past).
+
+Both L1 detectors compare a new value with where each series has been. The
+reference keeps the last ``window`` accepted values of every series in a ring
+buffer (values an excursion is made of are not accepted, so a fault cannot
+drag the reference along), and answers median and a scale from the MAD.
+Series are the columns of one array: the job's median iteration time, or one
+per rank; all updated together, no Python loop over series.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: MAD to standard deviation for normal data.
+MAD_TO_SIGMA = 1.4826
+
+
+class RollingReference:
+    """Ring buffers of the last ``window`` accepted values of ``n`` series.
+
+    Example::
+
+        >>> ref = RollingReference(n=2, window=4)
+        >>> for x in ([1.0, 10.0], [1.1, 10.0], [0.9, 10.2]):
+        ...     ref.accept(np.array(x), np.array([True, True]))
+        >>> ref.median().round(2).tolist()
+        [1.0, 10.0]
+    """
+
+    def __init__(self, n: int, window: int = 20):
+        if window < 3:
+            raise ValueError("window must be at least 3")
+        self.n = n
+        self.window = window
+        self.buf = np.full((window, n), np.nan)
+        self.count = np.zeros(n, dtype=np.int64)
+
+    def accept(self, x: np.ndarray, mask: np.ndarray) -> None:
+        """Append ``x`` to the series where ``mask`` (and x is finite)."""
+        take = mask & np.isfinite(x)
+        # each series has its own fill level: write into the slot that series is at
+        slots = self.count % self.window
+        self.buf[slots[take], np.flatnonzero(take)] = x[take]
+        self.count += take
+
+    def reset(self, mask: np.ndarray, values: np.ndarray | None = None) -> None:
+        """Forget the history of the masked series (a new regime), optionally seeded.
+
+        ``values`` has shape ``[k, n]``: the k most recent values of the new regime.
+        """
+        self.buf[:, mask] = np.nan
+        self.count[mask] = 0
+        if values is not None:
+            for row in values:
+                self.accept(row, mask)
+
+    def median(self) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return _nanmedian0(self.buf)
+
+    def scale(self) -> np.ndarray:
+        """Robust standard deviation (MAD x 1.4826) of each series' history."""
+        med = self.median()
+        with np.errstate(all="ignore"):
+            return MAD_TO_SIGMA * _nanmedian0(np.abs(self.buf - med))
+
+    def filled(self) -> np.ndarray:
+        return np.minimum(self.count, self.window)
+
+
+def _nanmedian0(a: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(a, axis=0)`` without the all-NaN warning (gives NaN there)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(a, axis=0)

@@ -1,0 +1,64 @@
+"""Pipeline balance: a whole PP stage that computes more than it used to.
+
+When one pipeline stage gets more work (an uneven layer split, a heavier
+loss/embedding stage), its ranks are all equally slow, so no rank stands out
+inside its DP group; what stands out is the DP group itself against the other
+stages of the pipeline, and every other stage waits in pipeline bubbles. Each
+iteration the median of every DP group (a PP stage at one TP index) and
+compute stage is compared with its own baseline, relative to the median of all
+DP groups, vectorised over groups and stages.
+
+Example::
+
+    >>> import numpy as np
+    >>> from rankscope.schema import DEFAULT_STAGES
+    >>> from rankscope.topology import Topology
+    >>> t = Topology(tp=1, pp=4, dp=8, ep=4, gpus_per_node=8)
+    >>> b = PipelineBalanceScorer(t, DEFAULT_STAGES)
+    >>> v = np.full((32, 10), 40.0)
+    >>> for _ in range(6):
+    ...     _ = b.update(v)
+    >>> v[t.pp_index == 2, 1] *= 1.8        # stage pp=2 does 1.8x the mlp work
+    >>> hot = b.update(v)
+    >>> np.argwhere(hot).tolist()           # [dp group, stage]
+    [[2, 1]]
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from analyzer.baseline import Baseline
+from analyzer.config import AnalyzerConfig
+from analyzer.group_scores import group_medians
+from rankscope.schema import StageSet
+from rankscope.topology import Topology
+
+
+class PipelineBalanceScorer:
+    """Hot (DP group, stage) cells: a PP stage slower than its own past, relative to the others."""
+
+    def __init__(self, topo: Topology, stages: StageSet, config: AnalyzerConfig | None = None):
+        self.topo, self.cfg = topo, config or AnalyzerConfig()
+        self.cause = np.array([s.kind in ("compute", "host") for s in stages])
+        self.enabled = topo.pp >= 2
+        self.base = Baseline((topo.group_count("dp"), len(stages)), alpha=self.cfg.baseline_alpha,
+                             warmup=self.cfg.baseline_warmup)
+        self.last_ratio = np.ones((topo.group_count("dp"), len(stages)))
+
+    def update(self, values: np.ndarray) -> np.ndarray:
+        """Bool ``[dp_group, stage]``: the group's stage is hot."""
+        med = group_medians(values, self.topo.members("dp"))
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lg = np.log(med) - np.nanmedian(np.log(med), axis=0, keepdims=True)
+        rel = self.base.deviation(lg)
+        trusted = self.base.trusted()
+        with np.errstate(invalid="ignore"):
+            hot = (trusted & (rel > np.log1p(self.cfg.min_change)) & self.cause[None, :]
+                   & self.enabled)
+        self.base.update(lg, learn=~hot)
+        self.last_ratio = np.exp(rel)
+        return hot
