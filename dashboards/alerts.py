@@ -167,10 +167,10 @@ def rankscope_alert_groups() -> list[AlertGroup]:
         title="L1: iteration time stepped up",
         query=InfluxQuery("A", "SELECT max(\"after_ms\") / max(\"before_ms\") FROM \"l1_changepoint\" "
                                "WHERE \"scope\" = 'job' AND \"kind\" = 'step' AND $timeFilter GROUP BY \"job\"",
-                          from_s=900),
+                          from_s=3600),
         reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L1_STEP_RATIO),
         summary="Job {{ $labels.job }}: iteration time is {{ humanize $values.B.Value }}x what it was",
-        description="L1 found a step change of the job's median iteration time in the last 15 minutes. "
+        description="L1 found a step change of the job's median iteration time in the last hour. "
                     "Open the NOC overview for the job, then the incident drill-down: the analyzer names "
                     "the culprit node, stage and ratio once L2 confirms it. Do not act on out-of-band "
                     "network events before checking which stages slowed down.",

@@ -52,19 +52,17 @@ def spec() -> DashboardSpec:
                 f"WHERE {where} AND \"anomalous\" = 1 GROUP BY \"group_type\", \"stage\"", table=True)],
         lay.place(8, 10), sort_by="max cv")
     lay.newline()
-    comm = schema.DEFAULT_STAGES.of_kind("comm")
+    comm = "|".join(schema.DEFAULT_STAGES.of_kind("comm"))
     floor = timeseries(
-        "Transfer floor of the collectives (fastest rank) and median",
-        [target("SELECT " + ", ".join(f"min(\"{s}\") AS \"{s} floor\"" for s in comm)
-                + " FROM \"stage_latency\" WHERE \"job\" = '$job' AND $timeFilter "
-                  "GROUP BY time($__interval) fill(none)", "A"),
-         target("SELECT " + ", ".join(f"median(\"{s}\") AS \"{s} median\"" for s in comm)
-                + " FROM \"stage_latency\" WHERE \"job\" = '$job' AND $timeFilter "
-                  "GROUP BY time($__interval) fill(none)", "B")],
+        "Transfer floor of the collectives (fastest member) and the median member",
+        [target(f"SELECT min(\"min\") AS \"floor\", median(\"median\") AS \"median\" FROM \"l2_group\" "
+                f"WHERE \"job\" = '$job' AND \"stage\" =~ /^({comm})$/ AND $timeFilter "
+                f"GROUP BY time($__interval), \"stage\" fill(none)", alias="$tag_stage $col")],
         lay.place(24, 10), unit="ms",
-        description="A collective ends when its last member arrives, so its time = transfer + waiting. "
-                    "The floor is the transfer; median minus floor is waiting, which grows when a "
-                    "straggler holds the group.")
+        description="A collective ends when its last member arrives, so a member's time = transfer + "
+                    "waiting. The fastest member of a group (the floor) measures the transfer; the median "
+                    "minus the floor is waiting, which grows when a straggler holds the group. A floor "
+                    "that rises is the link itself.")
     lay.newline()
     groups = table(
         "Groups over threshold",

@@ -1,0 +1,185 @@
+"""A real InfluxDB database filled with the IL-0477 incident, shared by the dashboard and report tests.
+
+When the simulator (``collector.simulator``) and the analyzer (``analyzer.cycle``)
+are importable, the database is filled by them: 40 iterations of the IL-0477
+scenario, then one analyzer cycle. Until then (or with
+``RANKSCOPE_TEST_DASHBOARD_DATA=schema``) it is filled with points written
+here that follow :mod:`rankscope.schema` and the incident write-up: mlp of
+ranks 10352-10359 at 170-280 ms from iteration 20, reduce_scatter short at dp
+256-287 of every pp stage, iteration time 30 s -> 90 s, the "server port down"
+event, and the analyzer's measurements (l1_changepoint, l2_group, l2_rank, incident).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from rankscope import schema
+from rankscope.frames import cube_to_frame
+from rankscope.store import InfluxStore
+from rankscope.topology import Topology, format_ranks
+
+TOPOLOGY = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8)
+ITERATIONS = 40
+ONSET = 20
+CULPRITS = np.arange(10352, 10360)
+STEP_MS = 60_000
+
+
+@dataclass
+class IncidentData:
+    """The filled database and what the tests need to know about it."""
+
+    store: InfluxStore
+    url: str
+    db: str
+    job: str
+    start_ms: int
+    end_ms: int
+    source: str  # "simulator+analyzer" or "schema"
+
+
+def pipeline_available() -> bool:
+    """True when the simulator and the analyzer can fill the database themselves."""
+    if os.environ.get("RANKSCOPE_TEST_DASHBOARD_DATA") == "schema":
+        return False
+    try:
+        for module in ("collector.scenario", "collector.simulator", "analyzer.cycle"):
+            importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def fill(url: str) -> IncidentData:
+    db = f"dash_{uuid.uuid4().hex[:10]}"
+    store = InfluxStore(url, bucket=db, api="v1")
+    start_ms = (int(time.time() * 1000) - 3 * 3600_000) // 60_000 * 60_000
+    if pipeline_available():
+        load_scenario = importlib.import_module("collector.scenario").load_scenario
+        simulate = importlib.import_module("collector.simulator").simulate
+        run_once = importlib.import_module("analyzer.cycle").run_once
+        simulate(load_scenario("il-0477").with_overrides(iterations=ITERATIONS), store,
+                 start_ms=start_ms, progress=False)
+        job = store.jobs()[0]
+        run_once(store, job=job)
+        source = "simulator+analyzer"
+    else:
+        job = "il-0477"
+        write_schema_points(store, job, start_ms)
+        source = "schema"
+    last = store.latest_times(schema.STAGE_LATENCY, job, 1)[0]
+    return IncidentData(store, url, db, job, start_ms, last + 1, source)
+
+
+# ------------------------------------------------------------------ fallback
+def _stage_cube(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """values[iteration, rank, stage] and iteration_ms[iteration, rank] of the incident."""
+    topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
+    base = {"attention": 25.0, "mlp": 40.0, "dispatch": 8.0, "combine": 8.0, "pp_send": 5.0,
+            "pp_recv": 5.0, "reduce_scatter": 60.0, "all_gather": 40.0, "optimizer": 12.0, "dataloader": 3.0}
+    shape = (ITERATIONS, topo.world)
+    values = np.stack([base[s] * rng.uniform(0.9, 1.1, shape) for s in stages], axis=-1)
+    mlp, rs, dispatch = stages.index("mlp"), stages.index("reduce_scatter"), stages.index("dispatch")
+    values[:, :, mlp] = rng.uniform(30, 50, shape)
+    after = np.arange(ITERATIONS) >= ONSET
+    values[np.ix_(after, CULPRITS, [mlp])] = rng.uniform(170, 280, (after.sum(), CULPRITS.size, 1))
+    group = topo.group_ranks("ep", int(CULPRITS[0]))
+    others = np.setdiff1d(group, CULPRITS)
+    values[np.ix_(after, others, [dispatch])] += 180.0
+    late = np.isin(topo.dp_index, np.arange(256, 288))
+    values[np.ix_(after, late, [rs])] *= 0.25
+    values[np.ix_(after, ~late, [rs])] += 200.0
+    it_ms = np.where(after[:, None], 90_000.0, 30_000.0) * rng.uniform(0.99, 1.01, shape)
+    return values, it_ms
+
+
+def write_schema_points(store: InfluxStore, job: str, start_ms: int) -> None:
+    rng = np.random.default_rng(477)
+    topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
+    values, it_ms = _stage_cube(rng)
+    times = start_ms + np.arange(ITERATIONS) * STEP_MS
+    frames = [cube_to_frame(job, topo, i, int(times[i]), values[i], stages, it_ms[i]) for i in range(ITERATIONS)]
+    store.write_stage_latency(pd.concat(frames, ignore_index=True))
+    onset_ms = int(times[ONSET])
+    node = int(CULPRITS[0] // topo.gpus_per_node)
+    store.write_measurement(schema.EVENT, pd.DataFrame({
+        "time": [int(times[ONSET + 2])], "job": job, "name": "server_port_down", "node": str(node),
+        "severity": "warning", "source": "netmon", "rank": [-1], "text": "server port down", "value": [1]}))
+    store.write_measurement(schema.L1_CHANGEPOINT, pd.DataFrame({
+        "time": [onset_ms], "job": job, "scope": "job", "rank": "-1", "kind": "step", "iteration": [ONSET],
+        "before_ms": [30_000.0], "after_ms": [90_000.0], "magnitude": [3.0], "ranks_affected": [topo.world],
+        "recovered_iteration": [-1], "text": "iteration time 30.0 s -> 90.0 s (x3.0)"}))
+    # L2 over the windows that end at iterations 24, 29, 34, 39: every EP group, mlp and dispatch.
+    members = topo.members("ep")
+    rows, rank_rows = [], []
+    for end in (24, 29, 34, 39):
+        window = values[end - 4:end + 1].mean(axis=0)
+        for stage in ("mlp", "dispatch"):
+            v = window[:, stages.index(stage)][members]
+            mean, std, med = v.mean(axis=1), v.std(axis=1), np.median(v, axis=1)
+            cv = std / mean
+            rows.append(pd.DataFrame({
+                "time": int(times[end]), "job": job, "group_type": "ep", "group_id": np.arange(len(members)),
+                "stage": stage, "cv": cv, "mean": mean, "median": med, "min": v.min(axis=1),
+                "max": v.max(axis=1), "std": std, "size": members.shape[1],
+                "anomalous": (cv > 0.8).astype(np.int64)}))
+        gid = topo.group_ids("ep")
+        mlp_all = window[:, stages.index("mlp")]
+        med_all = np.median(mlp_all[members], axis=1)[gid]
+        ratio = mlp_all / med_all
+        flagged = np.flatnonzero(ratio > 2.0)
+        rank_rows.append(pd.DataFrame({
+            "time": int(times[end]), "job": job, "rank": flagged, "stage": "mlp",
+            "node": flagged // topo.gpus_per_node, "value": mlp_all[flagged], "ratio": ratio[flagged],
+            "z": (ratio[flagged] - 1) * 10, "baseline_ratio": 1.0, "group_type": "ep",
+            "group_id": gid[flagged]}))
+    store.write_measurement(schema.L2_GROUP, pd.concat(rows, ignore_index=True))
+    store.write_measurement(schema.L2_RANK, pd.concat(rank_rows, ignore_index=True))
+    group = topo.group_ranks("ep", int(CULPRITS[0]))
+    gid = int(topo.group_ids("ep")[CULPRITS[0]])
+    window = values[35:40].mean(axis=0)[:, stages.index("mlp")]
+    culprit_ms, group_median = float(window[CULPRITS].mean()), float(np.median(window[group]))
+    events = [{"name": "server port down", "node": node, "verdict": "contradicted",
+               "reason": "only compute-only stages (mlp) are slow on the node; its collectives are not"}]
+    evidence = {"stage": "mlp", "ratio": round(culprit_ms / group_median, 2), "culprit_ms": round(culprit_ms, 1),
+                "group_median_ms": round(group_median, 1),
+                "group": {"type": "ep", "id": gid, "ranks": format_ranks(group)}}
+    store.write_measurement(schema.INCIDENT, pd.DataFrame({
+        "time": [onset_ms], "job": job, "id": f"{job}-{ONSET}-n{node}", "class": "compute_straggler",
+        "title": f"Compute straggler: node {node} (ranks {format_ranks(CULPRITS)}) mlp x{evidence['ratio']}",
+        "text": "mlp of ranks 10352-10359 is far above their EP group's median; the network event is "
+                "contradicted by the evidence.",
+        "tags": "rankscope,compute_straggler,node-1294", "status": "open", "ranks": format_ranks(CULPRITS),
+        "nodes": str(node), "stage": "mlp", "ratio": [evidence["ratio"]], "group_type": "ep",
+        "group_ranks": format_ranks(group), "onset_iteration": [ONSET], "resolved_iteration": [-1],
+        "events": json.dumps(events), "evidence": json.dumps(evidence),
+        "updated_ms": [int(times[-1])]}))
+
+
+_FILLED: dict[str, IncidentData] = {}
+
+
+def shared_incident(url: str, addfinalizer) -> IncidentData:
+    """The filled database for this test session (filled once, dropped at the end)."""
+    if url not in _FILLED:
+        data = fill(url)
+        _FILLED[url] = data
+
+        def drop() -> None:
+            try:
+                data.store.drop_database()
+            finally:
+                data.store.close()
+                _FILLED.pop(url, None)
+
+        addfinalizer(drop)
+    return _FILLED[url]
