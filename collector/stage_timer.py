@@ -196,7 +196,12 @@ class StageTimer:
 
     # ------------------------------------------------------------ torch hooks
     def time_module(self, module: Any, name: str, backward: bool = True) -> None:
-        """Time a ``torch.nn.Module``'s forward (and, with ``backward``, its backward) as stage ``name``."""
+        """Time a ``torch.nn.Module``'s forward (and, with ``backward``, its backward) as stage ``name``.
+
+        The backward is timed by full backward hooks, which see its end only when the
+        module's inputs need gradients; for a first layer fed plain data, its
+        backward counts as zero (PyTorch warns) -- pass ``backward=False`` there.
+        """
         idx = self.stage_index(name)
         # Hooks must return None: a returned value would replace the module's inputs/outputs.
         fwd = _Region(self, idx)

@@ -53,7 +53,7 @@ class DemoConfig:
     iterations: int = 40
     slow_rank: int | None = 5
     slow_from: int = 15
-    slow_factor: int = 300
+    slow_factor: int = 600
     warmup: int = 3
     instrument: bool = True
     profile_dir: str | None = None
@@ -140,12 +140,15 @@ def build_model(cfg: DemoConfig) -> Any:
     class Block(nn.Module):
         def __init__(self, d: int, experts: int):
             super().__init__()
+            # an input projection first, so the timed blocks' inputs need gradients and
+            # their full backward hooks see the end of their backward
+            self.embed = nn.Linear(d, d)
             self.attention = Attention(d)
             self.mlp = MoEMLP(d, experts)
             self.head = nn.Linear(d, 1)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(self.mlp(self.attention(x))).mean()
+            return self.head(self.mlp(self.attention(self.embed(x)))).mean()
 
     return Block(cfg.d_model, cfg.experts)
 
@@ -217,6 +220,12 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 timer.step(it)
+                if it == 0:
+                    # rank 0's first point creates the database and its columns before
+                    # the other ranks write (instead of all of them racing to create them)
+                    if rank == 0:
+                        writer.flush(30)
+                    dist.barrier()
             else:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -274,8 +283,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iterations", type=int, default=40, help="training iterations (default 40)")
     p.add_argument("--slow-rank", type=int, default=5, help="rank made slow; -1 for none (default 5)")
     p.add_argument("--slow-from", type=int, default=15, help="first slow iteration (default 15)")
-    p.add_argument("--slow-factor", type=int, default=300,
-                   help="extra expert passes the slow rank computes in mlp (default 300)")
+    p.add_argument("--slow-factor", type=int, default=600,
+                   help="extra expert passes the slow rank computes in mlp (default 600)")
     p.add_argument("--profile-dir", default=None,
                    help="also record a torch.profiler trace per rank into this folder "
                         "(input for 'rankscope import-trace')")

@@ -162,7 +162,7 @@ class BackgroundWriter:
             return
         tags = self._drop_tags
         text = (f"rank {tags.get('rank', '?')}: the collector dropped {lost} point(s) "
-                f"(queue bound {self.capacity}) while the store was unreachable")
+                f"(queue bound {self.capacity}) while the store was unreachable or too slow")
         frame = pd.DataFrame([{
             "time": int(time.time() * 1000), "job": str(tags.get("job", "")), "name": DROP_EVENT,
             "node": str(tags.get("node", "")), "severity": "warning", "source": "rankscope.collector",

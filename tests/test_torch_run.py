@@ -1,0 +1,87 @@
+"""A real 8-process torch.distributed job (gloo, CPU, DDP), instrumented, on the real InfluxDB.
+
+Rank 5 does real extra expert compute in its ``mlp`` forward from iteration 15 on.
+The stored points must show it (its ``mlp`` high, the healthy ranks' DDP all-reduce
+long: they wait for it), and the analyzer, run on what was stored, must name rank 5
+as a compute straggler.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from collector.torch_demo import DEMO_STAGES, DemoConfig, run_demo
+
+SLOW_RANK, SLOW_FROM, ITERATIONS, WORLD = 5, 15, 40, 8
+
+
+@pytest.fixture(scope="module")
+def demo_run(influx_url):
+    """Run the job once for the module; the data stays in its own database."""
+    from rankscope.store import InfluxStore
+
+    store = InfluxStore(influx_url, bucket=f"torchrun_{uuid.uuid4().hex[:8]}", api="v1")
+    cfg = DemoConfig(job="torch-run", store=influx_url, bucket=store.bucket, world=WORLD,
+                     iterations=ITERATIONS, slow_rank=SLOW_RANK, slow_from=SLOW_FROM)
+    try:
+        result = run_demo(cfg)
+        yield cfg, result, store
+    finally:
+        store.drop_database()
+        store.close()
+
+
+def medians(df, stage, slow: bool):
+    part = df[(df["iteration"] >= SLOW_FROM) == slow]
+    return part.groupby("rank")[stage].median()
+
+
+def test_every_rank_wrote_one_point_per_iteration(demo_run):
+    cfg, result, store = demo_run
+    assert [r.rank for r in result.ranks] == list(range(WORLD))
+    for r in result.ranks:
+        assert r.writer["written"] == ITERATIONS and r.writer["dropped"] == 0
+        assert len(r.step_s) == ITERATIONS
+    df = store.read_stage_latency(cfg.job)
+    assert len(df) == WORLD * ITERATIONS
+    assert (df.groupby("rank")["iteration"].apply(sorted) == [list(range(ITERATIONS))] * WORLD).all()
+    assert set(DEMO_STAGES) <= set(df.columns)
+    assert df[list(DEMO_STAGES)].notna().all().all()
+    assert sorted(set(df["node"])) == [0, 1] and sorted(set(df["dp"])) == list(range(WORLD))
+    # stages are parts of the iteration (their sum can exceed it only by DDP's overlap
+    # of the all-reduce with the backward of the earlier layers)
+    assert (df["mlp"] < df["iteration_ms"]).all()
+
+
+def test_slow_rank_is_high_in_mlp_and_healthy_ranks_wait_in_the_all_reduce(demo_run):
+    cfg, _, store = demo_run
+    df = store.read_stage_latency(cfg.job)
+    healthy = [r for r in range(WORLD) if r != SLOW_RANK]
+    mlp_after, mlp_before = medians(df, "mlp", True), medians(df, "mlp", False)
+    # the slow rank: mlp several times its peers' and its own earlier value
+    assert mlp_after[SLOW_RANK] > 3 * mlp_after[healthy].median()
+    assert mlp_after[SLOW_RANK] > 3 * mlp_before[SLOW_RANK]
+    assert mlp_before[SLOW_RANK] < 2 * mlp_before[healthy].median()  # healthy before
+    # healthy ranks: the DDP all-reduce grows by the waiting; the slow rank's is short
+    rs_after, rs_before = medians(df, "reduce_scatter", True), medians(df, "reduce_scatter", False)
+    assert (rs_after[healthy] > 2 * rs_after[SLOW_RANK]).all()
+    assert rs_after[healthy].median() > 1.5 * rs_before[healthy].median()
+    # the whole job's iteration time stepped up (what L1 watches)
+    it_after, it_before = medians(df, "iteration_ms", True), medians(df, "iteration_ms", False)
+    assert it_after.median() > 1.5 * it_before.median()
+
+
+def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
+    from analyzer.cycle import run_once
+
+    cfg, _, store = demo_run
+    incidents = run_once(store, job=cfg.job, topology=cfg.topology)
+    stragglers = [i for i in incidents if i["class"] == "compute_straggler"]
+    assert stragglers, f"no compute_straggler among {[(i['class'], i['ranks']) for i in incidents]}"
+    assert {tuple(i["ranks"]) for i in stragglers} == {(SLOW_RANK,)}
+    first = min(stragglers, key=lambda i: i["onset_iteration"])
+    assert first["stage"] == "mlp" and first["job"] == cfg.job
+    assert first["nodes"] == [SLOW_RANK // cfg.gpus_per_node]
+    assert SLOW_FROM <= first["onset_iteration"] <= SLOW_FROM + 8
