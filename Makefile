@@ -4,14 +4,21 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TORCH  := $(VENV)/.torch
 
-.PHONY: demo test bench lint influxdb clean
+.PHONY: demo test bench lint influxdb clean torch-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# torch for the collector's real torch.distributed run (CPU build; pinned so that pip
+# never resolves a multi-GB CUDA build). Kept out of the runtime dependencies.
+$(TORCH): $(STAMP)
+	$(PY) -m pip install --quiet torch==2.13.0
+	touch $(TORCH)
 
 # The tests talk to a real InfluxDB (Debian's `influxdb` package, v1.6.7).
 influxdb:
@@ -25,14 +32,18 @@ influxdb:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) influxdb lint
+test: $(STAMP) $(TORCH) influxdb lint
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(VENV)/bin/rankscope demo
 
-bench: $(STAMP) influxdb
+bench: $(STAMP) $(TORCH) influxdb
 	$(PY) -m benchmarks.run
+
+# A real 8-process gloo DDP job on CPU, instrumented, rank 5 slow in mlp from iteration 15.
+torch-demo: $(TORCH)
+	$(VENV)/bin/rankscope torch-demo
 
 clean:
 	rm -rf $(VENV) .rankscope .pytest_cache .ruff_cache
