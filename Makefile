@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.torch
 
-.PHONY: demo test bench lint influxdb clean torch-demo
+.PHONY: demo test bench lint influxdb chromium clean torch-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,19 @@ influxdb:
 	    echo "error: could not install InfluxDB (apt-get install influxdb)."; \
 	    echo "       Install it by hand, or point the suite at a server: RANKSCOPE_TEST_INFLUX_URL=http://host:8086"; exit 1; }; }
 
+# The report test opens the incident report in headless Chromium (Debian's `chromium`).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "chromium not found: installing Debian's chromium package"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || { \
+	    echo "error: could not install Chromium (apt-get install chromium)."; exit 1; }; }
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(TORCH) influxdb lint
+test: $(STAMP) $(TORCH) influxdb chromium lint
+	$(VENV)/bin/rankscope dashboards check
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
