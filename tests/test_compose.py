@@ -1,0 +1,112 @@
+"""compose.yaml, Dockerfile and .env.example hang together (Docker cannot run here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards import provisioning
+from rankscope.cli import build_parser
+from rankscope.config import store_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+ENV_EXAMPLE = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+INTERPOLATION = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
+
+
+def _env(service: str) -> dict[str, str]:
+    env = SERVICES[service].get("environment") or {}
+    return {k: str(v) for k, v in env.items()}
+
+
+def _substitute(value: str) -> str:
+    """Compose's interpolation with the values of .env.example."""
+    return INTERPOLATION.sub(lambda m: ENV_EXAMPLE.get(m.group(1), ""), value)
+
+
+def test_services_and_pinned_images():
+    assert set(SERVICES) == {"influxdb", "grafana", "collector", "analyzer"}
+    assert SERVICES["influxdb"]["image"] == "influxdb:2.9"
+    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", SERVICES["grafana"]["image"])
+    for name in ("collector", "analyzer"):
+        assert SERVICES[name]["build"] == "." and SERVICES[name]["image"] == "rankscope:local"
+
+
+def test_ports_bound_to_localhost_only():
+    ports = [p for s in SERVICES.values() for p in s.get("ports", [])]
+    assert ports and all(str(p).startswith("127.0.0.1:") for p in ports)
+
+
+def test_bind_mounts_exist_and_provisioning_is_read_only():
+    binds = []
+    for name, svc in SERVICES.items():
+        for vol in svc.get("volumes", []):
+            src, target, *mode = vol.split(":")
+            if src.startswith("."):
+                binds.append((name, src, target, mode))
+                assert (ROOT / src).exists(), f"{name}: {src} does not exist"
+                assert mode == ["ro"], f"{name}: {src} must be mounted read-only"
+            else:
+                assert src in COMPOSE["volumes"], f"{name}: named volume {src} is not declared"
+    targets = {src: target for _, src, target, _ in binds}
+    assert targets["./dashboards/provisioning"] == "/etc/grafana/provisioning"
+    assert targets["./dashboards/generated"] == provisioning.GRAFANA_DASHBOARD_PATH
+    for sub in ("datasources", "dashboards", "alerting"):
+        assert any((ROOT / "dashboards/provisioning" / sub).glob("*.yaml")), sub
+    home = _env("grafana")["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / "dashboards/generated" / Path(home).name).exists()
+
+
+def test_influxdb_initialised_from_the_env_file():
+    env = _env("influxdb")
+    for key in ("MODE", "USERNAME", "PASSWORD", "ORG", "BUCKET", "ADMIN_TOKEN"):
+        assert f"DOCKER_INFLUXDB_INIT_{key}" in env
+    assert env["DOCKER_INFLUXDB_INIT_MODE"] == "setup"
+    assert _substitute(env["DOCKER_INFLUXDB_INIT_BUCKET"]) == "rankscope"
+
+
+def test_every_interpolated_variable_is_in_env_example():
+    text = (ROOT / "compose.yaml").read_text()
+    used = set(INTERPOLATION.findall(text))
+    assert used and used <= set(ENV_EXAMPLE), used - set(ENV_EXAMPLE)
+
+
+def test_grafana_gets_every_variable_the_datasource_file_reads():
+    ds_text = (ROOT / "dashboards/provisioning/datasources/rankscope.yaml").read_text()
+    wanted = set(INTERPOLATION.findall(ds_text))
+    assert {"INFLUXDB_URL", "RANKSCOPE_BUCKET", "INFLUXDB_V2_TOKEN"} <= wanted
+    assert wanted <= set(_env("grafana"))
+
+
+@pytest.mark.parametrize("name,command", [("collector", ["simulate", "il-0477", "--live"]),
+                                          ("analyzer", ["analyze", "--every", "30s"])])
+def test_rankscope_services_run_real_commands_with_the_env_rankscope_reads(name, command):
+    svc = SERVICES[name]
+    assert svc["command"] == ["rankscope", *command]
+    args = build_parser().parse_args(svc["command"][1:])  # the command exists and its options parse
+    assert callable(args.func)
+    env = {k: _substitute(v) for k, v in _env(name).items()}
+    assert {"RANKSCOPE_STORE", "RANKSCOPE_BUCKET", "INFLUXDB_V2_TOKEN", "INFLUXDB_V2_ORG"} <= set(env)
+    settings = store_settings(env=env)
+    assert settings.is_influx and settings.location == "http://influxdb:8086"
+    assert settings.bucket == "rankscope" and settings.token and settings.org == "rankscope"
+    assert svc["depends_on"]["influxdb"]["condition"] == "service_healthy"
+
+
+def test_dockerfile_installs_every_package_of_the_project():
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    assert re.search(r"^RUN pip install \.", text, re.M)
+    packages = ("rankscope", "collector", "analyzer", "dashboards")
+    for pkg in packages:
+        assert re.search(rf"^COPY {pkg} \./{pkg}$", text, re.M), pkg
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include = \[(.*?)\]", pyproject).group(1)
+    assert {p.strip(' "*') for p in include.split(",")} == set(packages)
+    assert "USER " in text
