@@ -98,6 +98,8 @@ class StageTimer:
     aliases: extra framework name -> stage name mappings.
     device: ``"cpu"`` (perf_counter) or ``"cuda"`` (CUDA events).
     start_iteration: number of the first iteration (e.g. after a checkpoint).
+    event_factory: on GPU, makes a timing event (default
+        ``torch.cuda.Event(enable_timing=True)``).
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class StageTimer:
         aliases: Mapping[str, str] | None = None,
         device: str = "cpu",
         start_iteration: int = 0,
+        event_factory: Callable[[], Any] | None = None,
     ):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -135,9 +138,13 @@ class StageTimer:
         self._last_time_ms = 0
         self.emitted = 0
         if device == "cuda":
-            import torch
+            if event_factory is None:
+                import torch
 
-            self._torch = torch
+                def event_factory() -> Any:
+                    return torch.cuda.Event(enable_timing=True)
+
+            self._new_event = event_factory
             self._event_pool: list[Any] = []
         self._begin = self._mark(None)
 
@@ -145,7 +152,7 @@ class StageTimer:
     def _mark(self, stream: Any) -> Any:
         if self.device == "cpu":
             return time.perf_counter()
-        ev = self._event_pool.pop() if self._event_pool else self._torch.cuda.Event(enable_timing=True)
+        ev = self._event_pool.pop() if self._event_pool else self._new_event()
         ev.record(stream)
         return ev
 
@@ -293,16 +300,21 @@ class StageTimer:
     def _drain(self, block: bool) -> None:
         while self._pending:
             it = self._pending[0]
-            if not block and not it.end.query():
+            # every mark must be complete: some were recorded on other (communication) streams
+            if not block and not (it.end.query() and all(a.query() and b.query() for _, a, b in it.intervals)):
                 return
             if block:
                 it.end.synchronize()
+                for _, _a, b in it.intervals:
+                    b.synchronize()
             self._pending.popleft()
             self._emit(it, self._gpu_offsets)
 
     def _gpu_offsets(self, begin: Any, marks: list[Any]) -> list[float]:
         out = [begin.elapsed_time(m) for m in marks]
-        self._event_pool.extend(marks)
+        # marks[0] is this iteration's end = the next iteration's begin: keep it
+        self._event_pool.append(begin)
+        self._event_pool.extend(marks[1:])
         return out
 
     def _emit(self, it: _Iteration, offsets: Callable[[Any, list[Any]], list[float]]) -> None:

@@ -142,6 +142,71 @@ def test_module_hooks_time_forward_and_backward_without_changing_results():
     assert "mlp" not in points[1] and "attention" not in points[1]
 
 
+class DeviceClock:
+    """A stand-in for a GPU: events complete when the test advances the device."""
+
+    def __init__(self):
+        self.now = 0.0  # device time of the work enqueued so far (ms)
+        self.done = 0.0  # device time completed
+        self.syncs = 0
+        self.created = 0
+
+    def event(self):
+        self.created += 1
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    """The part of torch.cuda.Event the timer uses."""
+
+    def __init__(self, clock):
+        self.clock, self.t = clock, None
+
+    def record(self, stream=None):
+        self.t = self.clock.now
+
+    def query(self):
+        return self.t is not None and self.t <= self.clock.done
+
+    def synchronize(self):
+        self.clock.syncs += 1
+        self.clock.done = max(self.clock.done, self.t)
+
+    def elapsed_time(self, other):
+        assert self.query() and other.query(), "elapsed_time on an incomplete event"
+        return other.t - self.t
+
+
+def test_gpu_marks_are_resolved_later_without_synchronising_the_step():
+    clock = DeviceClock()
+    timer, points = make_timer(device="cuda", event_factory=clock.event)
+    for _ in range(3):
+        with timer.stage("mlp"):
+            clock.now += 5.0  # 5 ms of kernels enqueued
+        clock.now += 1.0
+        timer.step()
+    assert points == [] and clock.syncs == 0  # the device is behind: nothing resolved yet
+    clock.done = 6.0  # the first iteration's work has completed
+    with timer.stage("mlp"):
+        clock.now += 5.0
+    timer.step()
+    assert [p["iteration"] for p in points] == [0] and clock.syncs == 0
+    assert points[0]["mlp"] == 5.0 and points[0]["iteration_ms"] == 6.0
+    timer.close()  # the only synchronisation
+    assert clock.syncs >= 1
+    assert [p["iteration"] for p in points] == [0, 1, 2, 3]
+    assert all(p["mlp"] == 5.0 for p in points)
+    assert [p["iteration_ms"] for p in points] == [6.0, 6.0, 6.0, 5.0]
+    created, syncs = clock.created, clock.syncs
+    for _ in range(20):  # a device that keeps up: resolved one step late, events reused
+        with timer.stage("mlp"):
+            clock.now += 5.0
+        timer.step()
+        clock.done = clock.now
+    assert len(points) == 4 + 19 and clock.syncs == syncs
+    assert clock.created - created <= 3
+
+
 def test_cuda_device_needs_cuda_and_device_is_checked():
     with pytest.raises(ValueError, match="device must be"):
         make_timer(device="tpu")

