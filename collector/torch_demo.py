@@ -62,6 +62,7 @@ class DemoConfig:
     batch: int = 8
     experts: int = 4
     seed: int = 0
+    progress: bool = False  # rank 0 reports its iterations on stderr
 
     def __post_init__(self) -> None:
         if self.world < 1 or self.iterations < 1:
@@ -232,6 +233,9 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
             if prof is not None:
                 prof.step()
             step_s.append(time.perf_counter() - t0)
+            if cfg.progress and rank == 0 and (it + 1) % 10 == 0:
+                print(f"  iteration {it + 1}/{cfg.iterations}: {step_s[-1] * 1000:.0f} ms",
+                      file=sys.stderr, flush=True)
 
         if prof is not None:
             prof.__exit__(None, None, None)
@@ -296,7 +300,7 @@ def _run_cli(args: argparse.Namespace) -> int:
                      gpus_per_node=args.gpus_per_node, iterations=args.iterations,
                      slow_rank=None if args.slow_rank < 0 else args.slow_rank,
                      slow_from=args.slow_from, slow_factor=args.slow_factor,
-                     profile_dir=args.profile_dir)
+                     profile_dir=args.profile_dir, progress=True)
     print(f"torch-demo: {cfg.world} processes x {cfg.iterations} iterations (gloo, CPU)...",
           file=sys.stderr, flush=True)
     res = run_demo(cfg)
