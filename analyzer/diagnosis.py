@@ -94,6 +94,15 @@ class Diagnoser:
             if inc.status == "open" and inc.stage in self.stages and inc.cls in ("compute_straggler", "host_stall"):
                 self.assigned[np.asarray(inc.ranks, dtype=np.int64), self.stages.index(inc.stage)] = True
 
+    def _register(self, inc: Incident) -> Incident:
+        """Add a new incident; one found again under the same id (after a restart) replaces it in place."""
+        for i, old in enumerate(self.incidents):
+            if old.id == inc.id:
+                self.incidents[i] = inc
+                return inc
+        self.incidents.append(inc)
+        return inc
+
     def add_events(self, events: list[dict]) -> None:
         seen = {(e["time"], e["name"], e["node"]) for e in self.events}
         self.events += [e for e in events if (e["time"], e["name"], e["node"]) not in seen]
@@ -189,7 +198,7 @@ class Diagnoser:
                     self.assigned[part_r, s] = True
                 self._evidence(inc, iteration, win, scores)
                 self._judge_events(inc, win)
-                self.incidents.append(inc)
+                self._register(inc)
                 out.append(inc)
         return out
 
@@ -320,7 +329,7 @@ class Diagnoser:
             "group": {"type": inc.group_type, "ranks": format_ranks(inc.group_ranks)}, "l1": self.last_step,
         }
         self._judge_events(inc, win)
-        self.incidents.append(inc)
+        self._register(inc)
         return [inc]
 
     # ---------------------------------------------------------- pipeline
@@ -358,7 +367,7 @@ class Diagnoser:
             "group": {"type": "pipeline", "ranks": format_ranks(inc.group_ranks)}, "l1": self.last_step,
         }
         self._judge_events(inc, win)
-        self.incidents.append(inc)
+        self._register(inc)
         return [inc]
 
     # ------------------------------------------------------------ silence
@@ -384,7 +393,7 @@ class Diagnoser:
         inc.evidence = {"summary": (f"Ranks {format_ranks(new)} (node {format_ranks(inc.nodes)}) stopped reporting "
                                     f"at iteration {onset} while the other ranks go on: a hung or crashed "
                                     f"process, or its collector.")}
-        self.incidents.append(inc)
+        self._register(inc)
         return [inc]
 
     # ---------------------------------------------------------- resolution

@@ -13,8 +13,8 @@ Example::
     >>> v = np.full((8, 1), 40.0); v[5] = 228.0
     >>> s = group_stats(v, t.members("ep"))
     >>> s.median[:, 0].tolist(), s.cv[:, 0].round(2).tolist()
-    [[40.0, 40.0], [0.0, 0.81]]
-    >>> ratio_to_group(v, t.members("ep"), t.group_ids("ep"))[5, 0]
+    ([40.0, 40.0], [0.0, 0.94])
+    >>> float(ratio_to_group(v, t.members("ep"), t.group_ids("ep"))[5, 0])
     5.7
 """
 
@@ -24,6 +24,8 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+
+from analyzer.fast_median import nanmedian
 
 MAD_TO_SIGMA = 1.4826
 
@@ -55,7 +57,7 @@ def group_stats(values: np.ndarray, members: np.ndarray) -> GroupStats:
     std = _quiet(np.nanstd, g, axis=1)
     return GroupStats(
         mean=mean,
-        median=_quiet(np.nanmedian, g, axis=1),
+        median=_quiet(nanmedian, g, axis=1),
         std=std,
         cv=_quiet(np.divide, std, mean),
         min=_quiet(np.nanmin, g, axis=1),
@@ -66,7 +68,7 @@ def group_stats(values: np.ndarray, members: np.ndarray) -> GroupStats:
 
 def group_medians(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Median of every group and stage, ``[G, S]``."""
-    return _quiet(np.nanmedian, values[members], axis=1)
+    return _quiet(nanmedian, values[members], axis=1)
 
 
 def ratio_to_group(values: np.ndarray, members: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
@@ -77,12 +79,24 @@ def ratio_to_group(values: np.ndarray, members: np.ndarray, group_ids: np.ndarra
 
 def robust_z(x: np.ndarray, axis: int = 0) -> np.ndarray:
     """``(x - median) / (1.4826 * MAD)`` along ``axis`` (NaN-aware; 0 where MAD is 0)."""
-    med = _quiet(np.nanmedian, x, axis=axis, keepdims=True)
-    mad = MAD_TO_SIGMA * _quiet(np.nanmedian, np.abs(x - med), axis=axis, keepdims=True)
+    med = _quiet(nanmedian, x, axis=axis, keepdims=True)
+    mad = MAD_TO_SIGMA * _quiet(nanmedian, np.abs(x - med), axis=axis, keepdims=True)
     return np.where(mad > 0, _quiet(np.divide, x - med, mad), 0.0)
 
 
 def robust_sigma(x: np.ndarray, axis: int = 0) -> np.ndarray:
     """1.4826 * MAD along ``axis`` (NaN-aware)."""
-    med = _quiet(np.nanmedian, x, axis=axis, keepdims=True)
-    return MAD_TO_SIGMA * _quiet(np.nanmedian, np.abs(x - med), axis=axis)
+    med = _quiet(nanmedian, x, axis=axis, keepdims=True)
+    return MAD_TO_SIGMA * _quiet(nanmedian, np.abs(x - med), axis=axis)
+
+
+#: Rows used to estimate a noise scale across ranks: a fixed, evenly spread
+#: sample is as good as all 12,960 for a MAD and costs a tenth.
+SIGMA_SAMPLE = 2048
+
+
+def sampled_sigma(x: np.ndarray) -> np.ndarray:
+    """:func:`robust_sigma` along axis 0 on an evenly spread sample of at most SIGMA_SAMPLE rows."""
+    if x.shape[0] > SIGMA_SAMPLE:
+        x = x[np.linspace(0, x.shape[0] - 1, SIGMA_SAMPLE).astype(np.int64)]
+    return robust_sigma(x, axis=0)

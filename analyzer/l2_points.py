@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.config import AnalyzerConfig
+from analyzer.fast_median import nanmedian
 from analyzer.group_scores import group_stats
 from analyzer.rank_scores import RankScores
 from rankscope.schema import StageSet
@@ -26,7 +27,7 @@ def window_medians(values: np.ndarray) -> np.ndarray:
     """``[T, R, S]`` -> ``[R, S]`` medians over time (NaN-aware)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(values, axis=0)
+        return nanmedian(values, axis=0)
 
 
 def l2_group_frame(job: str, topo: Topology, stages: StageSet, med: np.ndarray, time_ms: int,

@@ -27,7 +27,8 @@ import numpy as np
 
 from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
-from analyzer.group_scores import group_medians, robust_sigma
+from analyzer.fast_median import nanmedian
+from analyzer.group_scores import group_medians, sampled_sigma
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
@@ -84,12 +85,12 @@ class RankScorer:
             import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                lr_s = np.nanmedian(self.hist[: min(self.t, cfg.smooth)], axis=0)
+                lr_s = nanmedian(self.hist[: min(self.t, cfg.smooth)], axis=0)
         rel = self.baseline.deviation(lr_s)
         rel_now = self.baseline.deviation(lr)
-        sig = np.maximum(robust_sigma(rel, axis=0), cfg.min_sigma)        # [S]
-        sig_now = np.maximum(robust_sigma(rel_now, axis=0), cfg.min_sigma)
-        sig_lr = np.maximum(robust_sigma(lr_s, axis=0), cfg.min_sigma)
+        sig = np.maximum(sampled_sigma(rel), cfg.min_sigma)        # [S]
+        sig_now = np.maximum(sampled_sigma(rel_now), cfg.min_sigma)
+        sig_lr = np.maximum(sampled_sigma(lr_s), cfg.min_sigma)
         with np.errstate(invalid="ignore"):
             hot_smooth = (rel > np.log1p(cfg.min_change)) & (rel > cfg.z * sig)
             hot_abs = (lr_s > np.log(cfg.abs_ratio)) & (lr_s > cfg.z * sig_lr)

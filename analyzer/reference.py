@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from analyzer.fast_median import nanmedian
+
 #: MAD to standard deviation for normal data.
 MAD_TO_SIGMA = 1.4826
 
@@ -75,4 +77,4 @@ def _nanmedian0(a: np.ndarray) -> np.ndarray:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(a, axis=0)
+        return nanmedian(a, axis=0)

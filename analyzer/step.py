@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analyzer.fast_median import nanmedian
 from analyzer.reference import RollingReference
 
 
@@ -128,7 +129,7 @@ class StepDetector:
         confirmed = out & (self.run_len == self.persist) & ~returning
         before = np.where(confirmed, np.exp(med), np.nan)
         with np.errstate(all="ignore"):
-            new_level = np.nanmedian(np.where(confirmed[None, :], self.run_vals, np.nan), axis=0) \
+            new_level = nanmedian(np.where(confirmed[None, :], self.run_vals, np.nan), axis=0) \
                 if confirmed.any() else np.full(self.n, np.nan)
         after = np.where(confirmed, np.exp(new_level), np.nan)
         onset = np.where(confirmed, self.run_start, -1)

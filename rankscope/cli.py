@@ -22,6 +22,8 @@ COMMAND_MODULES = [
     "collector.torch_demo",
     "dashboards.cli",
     "dashboards.report",
+    "analyzer.cli",
+    "analyzer.demo",
 ]
 
 

@@ -289,6 +289,8 @@ def infer_topology(ranks, tp, pp, dp, ep_group, node) -> Topology:
     ranks, tp, pp, dp, ep_group, node = (np.asarray(a, dtype=np.int64) for a in (ranks, tp, pp, dp, ep_group, node))
     if ranks.size == 0:
         raise TopologyError("no ranks to infer a topology from")
+    ranks, first = np.unique(ranks, return_index=True)   # one row per rank
+    tp, pp, dp, ep_group, node = tp[first], pp[first], dp[first], ep_group[first], node[first]
     sizes = {"tp": int(tp.max()) + 1, "pp": int(pp.max()) + 1, "dp": int(dp.max()) + 1}
     world = sizes["tp"] * sizes["pp"] * sizes["dp"]
     if ranks.max() >= world:

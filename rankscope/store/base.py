@@ -180,6 +180,13 @@ class Store(ABC):
         """The ``n`` most recent distinct timestamps of a job's points, newest first."""
 
     @abstractmethod
+    def next_times(self, measurement: str, job: str, after_ms: int | None, n: int) -> list[int]:
+        """The ``n`` distinct timestamps of a job's points after ``after_ms`` (exclusive), oldest first.
+
+        Lets a reader walk a long history in chunks of iterations.
+        """
+
+    @abstractmethod
     def jobs(self) -> list[str]:
         """Job names that have ``stage_latency`` points."""
 

@@ -157,6 +157,16 @@ class EmbeddedStore(Store):
             ).fetchall()
         return [int(r[0]) for r in rows]
 
+    def next_times(self, measurement: str, job: str, after_ms: int | None, n: int) -> list[int]:
+        with self._lock:
+            if "job" not in self._existing_columns(measurement):
+                return []
+            rows = self._db.execute(
+                f"SELECT DISTINCT time FROM {self._table(measurement)} WHERE job = ? AND time > ? "
+                f"ORDER BY time LIMIT ?", (job, -(2**62) if after_ms is None else int(after_ms), int(n)),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
     def jobs(self) -> list[str]:
         with self._lock:
             if "job" not in self._existing_columns(schema.STAGE_LATENCY):

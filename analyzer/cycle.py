@@ -1,0 +1,212 @@
+"""One analyzer cycle: read what is new, feed the job analyzers, write the results back.
+
+The only module of the analyzer that does I/O (through the store). Each cycle,
+per job:
+
+1. read the ``stage_latency`` points newer than the last processed iteration
+   (minus a margin for late writers), in chunks of ``chunk_iterations``;
+2. hold back the newest iteration while it is still incomplete (fewer ranks
+   than expected and nothing after it), so a half-written iteration does not
+   look like silent ranks;
+3. feed the rest to the job's :class:`~analyzer.engine.JobAnalyzer`;
+4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points,
+   all keyed by time and tags, so a re-run writes the same points again.
+
+After a restart the state is rebuilt from the database: the job's incidents
+are read back (an open one keeps its id; the diagnosis joins the re-detected
+culprits to it rather than opening a second one) and the last ``history``
+iterations are replayed to warm the detectors up.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from analyzer.config import AnalyzerConfig
+from analyzer.engine import JobAnalyzer
+from analyzer.incidents import Incident, incidents_frame, load_incidents
+from rankscope import schema
+from rankscope.frames import frame_to_cube
+from rankscope.schema import DEFAULT_STAGES, StageSet
+from rankscope.store import Store
+from rankscope.topology import Topology, infer_topology
+
+log = logging.getLogger(__name__)
+
+#: Late points of an iteration are looked for this far before the last one processed.
+LATE_MARGIN_MS = 120_000
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did, per job."""
+
+    iterations: dict[str, int] = field(default_factory=dict)
+    changepoints: int = 0
+    incidents: list[Incident] = field(default_factory=list)
+    read_s: float = 0.0
+    analyze_s: float = 0.0
+    write_s: float = 0.0
+
+
+class AnalyzerService:
+    """Keeps a :class:`JobAnalyzer` per job and runs cycles against a store."""
+
+    def __init__(self, store: Store, config: AnalyzerConfig | None = None, stages: StageSet | None = None,
+                 jobs: list[str] | None = None, topology: Topology | None = None,
+                 chunk_iterations: int = 20, progress: bool = False):
+        self.store = store
+        self.cfg = config or AnalyzerConfig()
+        self.stages = stages
+        self.jobs = jobs
+        self.topology = topology
+        self.chunk = chunk_iterations
+        self.progress = progress
+        self.analyzers: dict[str, JobAnalyzer] = {}
+        self.watermark: dict[str, int] = {}   # time (ms) of the last processed iteration
+        self.events_seen: dict[str, int] = {}
+
+    # --------------------------------------------------------------- start
+    def _start_job(self, job: str, first: pd.DataFrame) -> JobAnalyzer:
+        topo = self.topology or infer_topology(
+            first["rank"], first["tp"], first["pp"], first["dp"], first["ep_group"], first["node"])
+        stages = self.stages or _stages_of(first.columns)
+        ja = JobAnalyzer(job, topo, stages, self.cfg)
+        ja.diag.adopt(load_incidents(self.store, job))
+        log.info("job %s: %d ranks (tp=%d pp=%d dp=%d ep=%d), %d stages", job, topo.world, topo.tp,
+                 topo.pp, topo.dp, topo.ep, len(stages))
+        return ja
+
+    def _jobs(self) -> list[str]:
+        return self.jobs if self.jobs else self.store.jobs()
+
+    # --------------------------------------------------------------- cycle
+    def cycle(self, final: bool = False) -> CycleReport:
+        """One pass over every job. ``final`` also processes a possibly incomplete last iteration."""
+        report = CycleReport()
+        for job in self._jobs():
+            self._cycle_job(job, report, final)
+        return report
+
+    def _cycle_job(self, job: str, report: CycleReport, final: bool) -> None:
+        ja = self.analyzers.get(job)
+        cursor = self._replay_start(job) if ja is None else self.watermark.get(job, 0) - LATE_MARGIN_MS
+        changed: dict[str, Incident] = {}
+        cps = []
+        n_iters = 0
+        while True:
+            t0 = time.perf_counter()
+            times = self.store.next_times(schema.STAGE_LATENCY, job, cursor, self.chunk)
+            if not times:
+                break
+            frame = self.store.read_stage_latency(job, start_ms=times[0], end_ms=times[-1])
+            report.read_s += time.perf_counter() - t0
+            cursor = times[-1]
+            if not len(frame):
+                continue
+            if ja is None:
+                ja = self.analyzers[job] = self._start_job(job, frame)
+            frame = frame[frame[schema.ITERATION_FIELD] > ja.last_iteration]
+            more = len(times) == self.chunk
+            frame = self._hold_back_incomplete(frame, ja, final or more)
+            if not len(frame):
+                continue
+            self._read_events(job, ja)
+            t1 = time.perf_counter()
+            cube = frame_to_cube(frame, ja.topo.world, ja.stages.names)
+            res = ja.feed(cube)
+            report.analyze_s += time.perf_counter() - t1
+            cps += res.changepoints
+            for inc in res.incidents:
+                changed[inc.id] = inc
+            n_iters += len(res.iterations)
+            if self.progress:
+                print(f"\ranalyzing {job}: iteration {ja.last_iteration}", end="", file=sys.stderr, flush=True)
+            if not more:
+                break
+        if self.progress and n_iters:
+            print(file=sys.stderr)
+        if ja is None or not n_iters:
+            return
+        self.watermark[job] = ja.last_time_ms
+        report.iterations[job] = n_iters
+        t2 = time.perf_counter()
+        self._write(ja, cps, list(changed.values()))
+        report.write_s += time.perf_counter() - t2
+        report.changepoints += len(cps)
+        report.incidents += list(changed.values())
+
+    def _read_events(self, job: str, ja: JobAnalyzer) -> None:
+        since = self.events_seen.get(job)
+        ev = self.store.read_events(job, start_ms=None if since is None else since + 1)
+        if len(ev):
+            ja.diag.add_events([{"time": int(r["time"]), "name": str(r["name"]), "node": int(r["node"])}
+                                for r in ev.to_dict("records")])
+            self.events_seen[job] = int(ev["time"].max())
+
+    def _replay_start(self, job: str) -> int | None:
+        """Where a fresh analyzer starts reading: everything, or the last ``history`` iterations
+        when the job has been analyzed before (a restart)."""
+        done = self.store.read(schema.L2_GROUP, job, where={"group_type": "dp", "group_id": 0,
+                                                            "stage": DEFAULT_STAGES.names[0]})
+        if not len(done):
+            return None
+        times = self.store.latest_times(schema.STAGE_LATENCY, job, self.cfg.history)
+        return times[-1] - 1 if times else None
+
+    def _hold_back_incomplete(self, frame: pd.DataFrame, ja: JobAnalyzer, final: bool) -> pd.DataFrame:
+        if final or not len(frame):
+            return frame
+        it = frame[schema.ITERATION_FIELD].to_numpy()
+        last = it.max()
+        n_last = int((it == last).sum())
+        expected = int(ja.diag.seen.sum()) or ja.topo.world
+        if n_last < expected:
+            return frame[it < last]
+        return frame
+
+    def _write(self, ja: JobAnalyzer, cps, incidents: list[Incident]) -> None:
+        if cps:
+            self.store.write_measurement(schema.L1_CHANGEPOINT, pd.DataFrame([c.to_row() for c in cps]))
+        g, r = ja.l2_frames()
+        if len(g):
+            self.store.write_measurement(schema.L2_GROUP, g)
+        if len(r):
+            self.store.write_measurement(schema.L2_RANK, r)
+        if incidents:
+            self.store.write_measurement(schema.INCIDENT, incidents_frame(incidents))
+
+    def incidents(self, job: str | None = None) -> list[Incident]:
+        out = []
+        for name, ja in self.analyzers.items():
+            if job is None or name == job:
+                out += ja.diag.incidents
+        return sorted(out, key=lambda i: (i.job, i.onset_ms, i.id))
+
+
+def _stages_of(columns) -> StageSet:
+    """The default stages present in the data (unknown columns are ignored with a warning)."""
+    cols = set(schema.stage_fields(columns))
+    known = [s for s in DEFAULT_STAGES if s.name in cols]
+    unknown = cols - {s.name for s in known}
+    if unknown:
+        log.warning("ignoring stage field(s) the analyzer has no declaration for: %s "
+                    "(declare them in the [stages] table of --config)", ", ".join(sorted(unknown)))
+    if not known:
+        raise ValueError("no known stage field in stage_latency; declare the stages in --config")
+    return StageSet(tuple(known))
+
+
+def run_once(store: Store, job: str | None = None, topology: Topology | None = None,
+             config: AnalyzerConfig | None = None, stages: StageSet | None = None,
+             progress: bool = False) -> list[dict]:
+    """One cycle over everything stored; the incidents (``to_json`` dicts) it knows of."""
+    svc = AnalyzerService(store, config, stages, jobs=[job] if job else None, topology=topology,
+                          progress=progress)
+    svc.cycle(final=True)
+    return [i.to_json() for i in svc.incidents(job)]

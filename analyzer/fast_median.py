@@ -1,0 +1,37 @@
+"""A NaN-aware median that stays fast on large arrays.
+
+``numpy.nanmedian`` falls back to masked arrays along short axes and is
+~20x slower than ``numpy.median``; the analyzer takes medians over
+``[groups, members, stages]`` every iteration. Without NaNs this is
+``numpy.median`` (a partition); with NaNs, NaN sorts last, and the middle of
+each slice's valid values is picked by index.
+
+Example::
+
+    >>> import numpy as np
+    >>> nanmedian(np.array([[1.0, np.nan], [3.0, 4.0], [2.0, np.nan]]), axis=0).tolist()
+    [2.0, 4.0]
+    >>> bool(np.isnan(nanmedian(np.array([np.nan, np.nan]), axis=0)))
+    True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def nanmedian(a: np.ndarray, axis: int = 0, keepdims: bool = False) -> np.ndarray:
+    """Median along ``axis`` ignoring NaN; NaN where a slice has no value."""
+    a = np.asarray(a, dtype=float)
+    nan = np.isnan(a)
+    if not nan.any():
+        return np.median(a, axis=axis, keepdims=keepdims)
+    s = np.sort(a, axis=axis)                      # NaN last
+    n = (~nan).sum(axis=axis, keepdims=True)
+    lo = np.clip((n - 1) // 2, 0, None)
+    hi = np.clip(n // 2, 0, None)
+    lo = np.minimum(lo, a.shape[axis] - 1)
+    hi = np.minimum(hi, a.shape[axis] - 1)
+    m = 0.5 * (np.take_along_axis(s, lo, axis=axis) + np.take_along_axis(s, hi, axis=axis))
+    m = np.where(n > 0, m, np.nan)
+    return m if keepdims else np.squeeze(m, axis=axis)

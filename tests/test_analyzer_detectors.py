@@ -1,0 +1,99 @@
+"""The analyzer's building blocks on synthetic series with known answers."""
+
+import numpy as np
+import pytest
+
+from analyzer.baseline import Baseline
+from analyzer.config import AnalyzerConfig
+from analyzer.events import category, verdict
+from analyzer.fast_median import nanmedian
+from analyzer.group_scores import group_stats, ratio_to_group
+from analyzer.spike import SpikeDetector
+from analyzer.step import StepDetector
+from rankscope.topology import Topology
+
+
+def _series(rng, n_series, n, level=30_000.0, noise=0.01):
+    return level * np.exp(rng.normal(0, noise, size=(n, n_series)))
+
+
+def test_step_detector_finds_onset_levels_and_recovery_per_series():
+    rng = np.random.default_rng(1)
+    x = _series(rng, 3, 60)
+    x[30:, 1] *= 3.0          # series 1 steps up at 30
+    x[20:40, 2] *= 1.5        # series 2 steps at 20 and recovers at 40
+    d = StepDetector(3)
+    found, recovered = {}, {}
+    for t in range(60):
+        u = d.update(x[t])
+        for s in np.flatnonzero(u.confirmed):
+            found[int(s)] = (t, int(u.onset_index[s]), float(u.before[s]), float(u.after[s]))
+        for s in np.flatnonzero(u.recovered):
+            recovered[int(s)] = int(u.recovered_index[s])
+    assert set(found) == {1, 2}
+    t, onset, before, after = found[1]
+    assert onset == 30 and t == 31          # confirmed one iteration after onset
+    assert after / before == pytest.approx(3.0, rel=0.05)
+    assert found[2][1] == 20 and recovered == {2: 40}
+
+
+def test_step_detector_ignores_single_spikes_and_noise():
+    rng = np.random.default_rng(2)
+    x = _series(rng, 500, 300, noise=0.02)
+    x[100, :] *= 4            # a one-iteration spike everywhere
+    d = StepDetector(500)
+    s = SpikeDetector(500)
+    steps = spikes = 0
+    for t in range(300):
+        steps += int(d.update(x[t]).confirmed.sum())
+        spikes += int(s.update(x[t]).spike.sum())
+    assert steps == 0
+    assert spikes == 500      # every series' spike, and nothing else
+
+
+def test_baseline_absorbs_permanent_offsets_not_new_changes():
+    b = Baseline((2,), alpha=0.2, warmup=3)
+    for _ in range(10):
+        b.update(np.log([1.05, 1.0]), learn=np.ones(2, bool))
+    dev = np.exp(b.deviation(np.log([1.05, 1.2])))
+    assert dev[0] == pytest.approx(1.0) and dev[1] == pytest.approx(1.2)
+    b.update(np.log([9.0, 9.0]), learn=np.zeros(2, bool))   # frozen while anomalous
+    assert np.exp(b.mean).tolist() == pytest.approx([1.05, 1.0])
+
+
+def test_group_stats_match_the_incident_numbers():
+    # IL-0477's EP group: 24 healthy ranks at ~40 ms, 8 at ~228 ms
+    t = Topology(tp=1, pp=1, dp=64, ep=32, gpus_per_node=8)
+    v = np.full((64, 1), 40.0)
+    v[16:24] = 228.0
+    st = group_stats(v, t.members("ep"))
+    assert st.cv[0, 0] == pytest.approx(0.94, abs=0.01) and st.cv[1, 0] == 0
+    r = ratio_to_group(v, t.members("ep"), t.group_ids("ep"))
+    assert r[16, 0] == pytest.approx(5.7) and r[0, 0] == 1.0
+
+
+def test_fast_nanmedian_agrees_with_numpy():
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(7, 50, 3))
+    a[rng.random(a.shape) < 0.3] = np.nan
+    a[:, 0, 0] = np.nan
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        ref = np.nanmedian(a, axis=0)
+    np.testing.assert_allclose(nanmedian(a, axis=0), ref, equal_nan=True)
+    np.testing.assert_allclose(nanmedian(a[:, :, 1], axis=1), np.nanmedian(a[:, :, 1], axis=1))
+
+
+def test_event_verdicts():
+    assert category("server port down") == "network"
+    assert verdict("network", "compute_straggler", True)[0] == "contradicted"
+    assert verdict("network", "link_degradation", True)[0] == "supported"
+    assert verdict("network", "link_degradation", False)[0] == "unrelated"
+    assert verdict(category("GPU Xid 48: double-bit ECC"), "compute_straggler", True)[0] == "supported"
+    assert verdict(None, "compute_straggler", True)[0] == "unrelated"
+
+
+def test_config_refuses_unknown_and_negative_settings():
+    with pytest.raises(ValueError, match="unknown analyzer setting"):
+        AnalyzerConfig().with_overrides(cv_treshold=0.5)
+    with pytest.raises(ValueError, match="must not be negative"):
+        AnalyzerConfig(z=-1)
