@@ -85,6 +85,21 @@ class _Region:
         t._intervals.append((self._index, self._open.pop(), t._mark(self._stream)))
 
 
+class _NullRegion:
+    """What :meth:`StageTimer.stage` returns while the timer is paused."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NullRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_REGION = _NullRegion()
+
+
 class StageTimer:
     """Times named stages of each iteration and emits one point per :meth:`step`.
 
@@ -135,6 +150,8 @@ class StageTimer:
         self._intervals: list[tuple[int, Any, Any]] = []
         self._pending: deque[_Iteration] = deque()
         self._hooks: list[Any] = []
+        self._timed_modules: list[tuple[Any, str, bool]] = []
+        self.paused = False
         self._last_time_ms = 0
         self.emitted = 0
         if device == "cuda":
@@ -169,12 +186,14 @@ class StageTimer:
         return None if i is None else self._names[i]
 
     # --------------------------------------------------------------- regions
-    def stage(self, name: str, stream: Any = None) -> _Region:
+    def stage(self, name: str, stream: Any = None) -> _Region | _NullRegion:
         """Context manager timing a region as stage ``name`` (or an alias of it).
 
         ``stream``: on GPU, the CUDA stream the region's work runs on (default the
         current stream), e.g. the communication stream of a collective.
         """
+        if self.paused:
+            return _NULL_REGION
         key = (name, id(stream))
         region = self._regions.get(key)
         if region is None:
@@ -210,6 +229,7 @@ class StageTimer:
         backward counts as zero (PyTorch warns) -- pass ``backward=False`` there.
         """
         idx = self.stage_index(name)
+        self._timed_modules.append((module, name, backward))
         # Hooks must return None: a returned value would replace the module's inputs/outputs.
         fwd = _Region(self, idx)
 
@@ -246,6 +266,8 @@ class StageTimer:
 
         # No annotations: DDP checks them against dist.GradBucket / Future at registration.
         def timed_allreduce(process_group, bucket):
+            if timer.paused:
+                return allreduce_hook(process_group, bucket)
             t0 = timer._mark(None)
             fut = allreduce_hook(process_group, bucket)
 
@@ -265,10 +287,34 @@ class StageTimer:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._timed_modules.clear()
+
+    def pause(self) -> None:
+        """Stop timing (module hooks removed, regions and ``step()`` do nothing, the DDP
+        hook passes through) until :meth:`resume`; e.g. during evaluation."""
+        if self.paused:
+            return
+        modules = list(self._timed_modules)
+        self.remove_hooks()
+        self._timed_modules = modules
+        self.paused = True
+
+    def resume(self) -> None:
+        """Time again from here (the first iteration starts now)."""
+        if not self.paused:
+            return
+        self.paused = False
+        modules, self._timed_modules = self._timed_modules, []
+        for module, name, backward in modules:
+            self.time_module(module, name, backward)
+        self.reset()
 
     # ------------------------------------------------------------ boundaries
     def step(self, iteration: int | None = None) -> None:
         """End the current iteration: emit its point (CPU) or queue it (GPU)."""
+        if self.paused:
+            self.iteration = (self.iteration if iteration is None else iteration) + 1
+            return
         end = self._mark(None)
         now = int(time.time() * 1000)
         now = max(now, self._last_time_ms + 1)  # one point per ms per rank at most

@@ -63,6 +63,7 @@ class DemoConfig:
     experts: int = 4
     seed: int = 0
     progress: bool = False  # rank 0 reports its iterations on stderr
+    ab_block: int = 0  # > 0: the timer is paused in every other block of this many iterations
 
     def __post_init__(self) -> None:
         if self.world < 1 or self.iterations < 1:
@@ -85,6 +86,7 @@ class RankResult:
     step_s: list[float]
     writer: dict[str, Any] = field(default_factory=dict)
     trace: str | None = None
+    instrumented: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -205,18 +207,23 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
                            schedule=schedule(wait=0, warmup=1, active=max(cfg.iterations - 1, 1)),
                            on_trace_ready=lambda p: p.export_chrome_trace(trace))
             prof.__enter__()
+        instrumented: list[bool] = []
         for it in range(cfg.iterations):
+            if timer is not None and cfg.ab_block and it and it % cfg.ab_block == 0:
+                # A/B blocks: timer detached (hooks removed) in every other block
+                (timer.pause if (it // cfg.ab_block) % 2 else timer.resume)()
             t0 = time.perf_counter()
             if rank == cfg.slow_rank and it >= cfg.slow_from:
                 model.mlp.degraded_passes = cfg.slow_factor
-            if timer is not None:
+            timed = timer is not None and not timer.paused
+            if timed:
                 with timer.stage("dataloader"):
                     x = make_batch()
             else:
                 x = make_batch()
             loss = ddp(x)
             loss.backward()
-            if timer is not None:
+            if timed:
                 with timer.stage("optimizer"):
                     opt.step()
                     opt.zero_grad(set_to_none=True)
@@ -233,6 +240,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
             if prof is not None:
                 prof.step()
             step_s.append(time.perf_counter() - t0)
+            instrumented.append(timed)
             if cfg.progress and rank == 0 and (it + 1) % 10 == 0:
                 print(f"  iteration {it + 1}/{cfg.iterations}: {step_s[-1] * 1000:.0f} ms",
                       file=sys.stderr, flush=True)
@@ -243,7 +251,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
         if timer is not None and writer is not None:
             timer.close()
             stats = asdict(writer.close())
-        results.put(RankResult(rank, step_s, stats, trace))
+        results.put(RankResult(rank, step_s, stats, trace, instrumented))
         dist.barrier()
     finally:
         dist.destroy_process_group()

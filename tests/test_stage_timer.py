@@ -207,6 +207,24 @@ def test_gpu_marks_are_resolved_later_without_synchronising_the_step():
     assert clock.created - created <= 3
 
 
+def test_pause_detaches_hooks_and_resume_brings_them_back():
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    timer, points = make_timer()
+    timer.time_module(model, "mlp")
+    timer.pause()
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    with timer.stage("dataloader"):
+        model(x).sum().backward()
+    timer.step()
+    assert points == [] and timer.iteration == 1
+    timer.resume()
+    model(x).sum().backward()
+    timer.step()
+    assert [p["iteration"] for p in points] == [1] and "mlp" in points[0]
+    assert "dataloader" not in points[0]
+
+
 def test_cuda_device_needs_cuda_and_device_is_checked():
     with pytest.raises(ValueError, match="device must be"):
         make_timer(device="tpu")
