@@ -27,7 +27,7 @@ import numpy as np
 
 from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
-from analyzer.fast_median import nanmedian
+from analyzer.fast_median import median3, nanmedian
 from analyzer.group_scores import group_medians, sampled_sigma
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
@@ -81,11 +81,11 @@ class RankScorer:
             lr = np.log(ratio)
         self.hist[self.t % cfg.smooth] = lr
         self.t += 1
-        with np.errstate(all="ignore"):
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                lr_s = nanmedian(self.hist[: min(self.t, cfg.smooth)], axis=0)
+        k = min(self.t, cfg.smooth)
+        if k == 3:
+            lr_s = median3(self.hist[0], self.hist[1], self.hist[2])
+        else:
+            lr_s = nanmedian(self.hist[:k], axis=0)
         rel = self.baseline.deviation(lr_s)
         rel_now = self.baseline.deviation(lr)
         sig = np.maximum(sampled_sigma(rel), cfg.min_sigma)        # [S]

@@ -30,9 +30,12 @@ class RollingReference:
         [1.0, 10.0]
     """
 
-    def __init__(self, n: int, window: int = 20):
+    def __init__(self, n: int, window: int = 20, refresh_every: int = 1):
         if window < 3:
             raise ValueError("window must be at least 3")
+        self.refresh_every = max(1, refresh_every)
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._since = 0
         self.n = n
         self.window = window
         self.buf = np.full((window, n), np.nan)
@@ -45,6 +48,9 @@ class RollingReference:
         slots = self.count % self.window
         self.buf[slots[take], np.flatnonzero(take)] = x[take]
         self.count += take
+        self._since += 1
+        if self._since >= self.refresh_every:
+            self._cache = None
 
     def reset(self, mask: np.ndarray, values: np.ndarray | None = None) -> None:
         """Forget the history of the masked series (a new regime), optionally seeded.
@@ -53,19 +59,31 @@ class RollingReference:
         """
         self.buf[:, mask] = np.nan
         self.count[mask] = 0
+        self._cache = None
         if values is not None:
             for row in values:
                 self.accept(row, mask)
 
+    def stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Median and robust standard deviation (MAD x 1.4826) of each series' history.
+
+        Recomputed after every ``refresh_every`` accepts (1: always) or any reset:
+        for thousands of rank series a reference a few iterations old is as good
+        and costs a fraction.
+        """
+        if self._cache is None:
+            with np.errstate(all="ignore"):
+                med = _nanmedian0(self.buf)
+                self._cache = (med, MAD_TO_SIGMA * _nanmedian0(np.abs(self.buf - med)))
+            self._since = 0
+        return self._cache
+
     def median(self) -> np.ndarray:
-        with np.errstate(all="ignore"):
-            return _nanmedian0(self.buf)
+        return self.stats()[0]
 
     def scale(self) -> np.ndarray:
         """Robust standard deviation (MAD x 1.4826) of each series' history."""
-        med = self.median()
-        with np.errstate(all="ignore"):
-            return MAD_TO_SIGMA * _nanmedian0(np.abs(self.buf - med))
+        return self.stats()[1]
 
     def filled(self) -> np.ndarray:
         return np.minimum(self.count, self.window)

@@ -1,0 +1,333 @@
+"""Accuracy of the analyzer on randomized simulated scenarios with ground truth.
+
+:func:`generate_cases` draws seeded scenarios (topology sizes, fault kind,
+culprit position, factor, onset, overlapping faults, noise level, healthy
+runs) as plain scenario dicts, so any case can be rebuilt from its seed and
+pasted into a TOML file. :func:`run_case` simulates one in memory and feeds the
+analyzer (no database); :func:`score_case` matches the incidents to the truth
+and :func:`summarize` turns many scored cases into per-kind figures:
+precision/recall of culprit ranks, class accuracy, detection delay and false
+incidents. Used by ``benchmarks/bench_accuracy.py`` and the CI smoke test.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from analyzer.config import AnalyzerConfig
+from analyzer.engine import JobAnalyzer
+from collector.scenario import FAULT_KINDS, Scenario
+from collector.simulator import ClusterSimulator, IterationResult
+from rankscope.frames import LatencyCube
+from rankscope.schema import DEFAULT_STAGES
+
+#: Incident class the analyzer should give each fault kind.
+EXPECTED_CLASS = {
+    "compute_slowdown": "compute_straggler",
+    "link_degradation": "link_degradation",
+    "stage_imbalance": "pipeline_imbalance",
+    "transient_stall": "transient_stall",
+    "host_stall": "host_stall",
+    "silent_rank": "silent_rank",
+}
+#: The IL-0477 job's topology (12,960 ranks).
+IL_TOPOLOGY = {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8}
+#: Small topologies (a run takes about a second): (tp, pp, dp, ep, gpus_per_node).
+SMALL_TOPOLOGIES = ((1, 2, 64, 8, 8), (1, 4, 32, 8, 8), (2, 4, 32, 8, 8), (1, 4, 128, 16, 8),
+                    (2, 2, 64, 16, 4), (1, 8, 32, 4, 8), (1, 1, 128, 16, 8), (2, 8, 16, 4, 8))
+#: Factor ranges per kind, drawn log-uniformly (the built-ins sit inside them).
+FACTOR_RANGE = {
+    "compute_slowdown": (1.3, 6.0),
+    "link_degradation": (3.0, 10.0),
+    "stage_imbalance": (1.3, 2.0),
+    "transient_stall": (4.0, 20.0),
+    "host_stall": (10.0, 50.0),
+}
+#: Noise multipliers applied to the model's sigmas (1.0 = the calibrated model).
+NOISE_LEVELS = (1.0, 1.0, 1.5, 2.0)
+_SIGMAS = ("iteration_sigma", "occurrence_sigma", "transfer_sigma", "host_sigma")
+_BASE_SIGMA = {"iteration_sigma": 0.03, "occurrence_sigma": 0.03, "transfer_sigma": 0.06, "host_sigma": 0.08}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated scenario: ``data`` is the ``Scenario.from_dict`` input (reproducible)."""
+
+    seed: int
+    data: dict[str, Any]
+    noise: float = 1.0
+
+    @property
+    def kinds(self) -> list[str]:
+        return [f["kind"] for f in self.data.get("fault", [])]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.data.get("fault")
+
+    def scenario(self) -> Scenario:
+        return Scenario.from_dict(copy.deepcopy(self.data), name=self.data["run"]["job"])
+
+
+@dataclass
+class Seen:
+    """An incident as first reported: ``first_iteration`` is when the analyzer emitted it."""
+
+    id: str
+    cls: str
+    ranks: list[int]
+    stage: str | None
+    onset_iteration: int
+    first_iteration: int
+
+
+@dataclass
+class Outcome:
+    """What the analyzer reported on one case."""
+
+    case: Case
+    iterations: int
+    world: int
+    incidents: list[Seen] = field(default_factory=list)
+
+
+@dataclass
+class FaultScore:
+    """One injected fault against the incident that best matches it (``None``: missed)."""
+
+    seed: int
+    kind: str
+    factor: float
+    n_true: int
+    n_reported: int
+    n_hit: int
+    detected: bool
+    class_ok: bool
+    delay: int | None
+    world: int
+
+
+@dataclass
+class CaseScore:
+    """A scored case: its faults and the incidents that match no fault."""
+
+    case: Case
+    faults: list[FaultScore]
+    false_incidents: list[Seen]
+    iterations: int
+    world: int
+
+
+@dataclass
+class KindSummary:
+    """Per fault kind over many cases."""
+
+    kind: str
+    faults: int
+    detected: int
+    rank_precision: float
+    rank_recall: float
+    class_accuracy: float
+    delay_median: float
+    delay_p95: float
+
+    @property
+    def recall(self) -> float:
+        return self.detected / self.faults if self.faults else float("nan")
+
+
+# ------------------------------------------------------------------ generating
+def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+
+
+def _topology(rng: np.random.Generator, big: bool) -> dict[str, int]:
+    if big:
+        return dict(IL_TOPOLOGY)
+    tp, pp, dp, ep, gpn = SMALL_TOPOLOGIES[int(rng.integers(len(SMALL_TOPOLOGIES)))]
+    return {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "gpus_per_node": gpn}
+
+
+def _fault(rng: np.random.Generator, kind: str, topo: dict[str, int], iterations: int,
+           taken: set[int]) -> dict[str, Any]:
+    """One fault of ``kind`` at a random position, avoiding nodes in ``taken``."""
+    world = topo["tp"] * topo["pp"] * topo["dp"]
+    gpn = topo["gpus_per_node"]
+    nodes = world // gpn
+    free = [n for n in range(nodes) if n not in taken] or list(range(nodes))
+    node = int(rng.choice(free))
+    taken.add(node)
+    start = int(rng.integers(15, max(16, iterations - 15)))
+    f: dict[str, Any] = {"kind": kind, "start": start}
+    if kind in FACTOR_RANGE:
+        f["factor"] = round(_log_uniform(rng, *FACTOR_RANGE[kind]), 2)
+    if kind == "compute_slowdown":
+        shape = rng.choice(["gpu", "gpu", "node"])
+        if shape == "gpu":
+            f["ranks"] = str(node * gpn + int(rng.integers(gpn)))
+        else:
+            f["node"] = node
+        stage = rng.choice(["mlp", "attention", "all"])
+        if stage != "all":
+            f["stage"] = str(stage)
+        if rng.random() < 0.25:
+            f["end"] = int(start + rng.integers(8, 15))
+    elif kind == "link_degradation":
+        f["node"] = node
+    elif kind == "stage_imbalance":
+        f["pp"] = int(rng.integers(topo["pp"]))
+    elif kind == "transient_stall":
+        lo = node * gpn
+        f["ranks"] = f"{lo}-{lo + int(rng.integers(1, gpn + 1)) - 1}"
+        f["end"] = start + int(rng.integers(1, 4))
+    elif kind == "host_stall":
+        f["node"] = node
+        f["stage"] = "dataloader"
+        f["end"] = int(start + rng.integers(6, 13))
+    elif kind == "silent_rank":
+        f["ranks"] = str(node * gpn + int(rng.integers(gpn)))
+    return f
+
+
+def generate_case(seed: int, kinds: tuple[str, ...] = FAULT_KINDS, healthy_share: float = 0.15,
+                  overlap_share: float = 0.15, big: bool = False, iterations: int | None = None,
+                  noise: float | None = None) -> Case:
+    """One random scenario from ``seed`` (same seed, same case)."""
+    rng = np.random.default_rng([seed, 4711])
+    topo = _topology(rng, big)
+    n_it = iterations or int(rng.integers(45, 61))
+    level = float(noise if noise is not None else rng.choice(NOISE_LEVELS))
+    data: dict[str, Any] = {"topology": topo, "run": {"job": f"acc-{seed}", "iterations": n_it,
+                                                      "seed": int(seed)}}
+    if level != 1.0:
+        data["model"] = {k: round(_BASE_SIGMA[k] * level, 4) for k in _SIGMAS}
+    if rng.random() < healthy_share:
+        return Case(seed, data, level)
+    usable = [k for k in kinds if not (k == "stage_imbalance" and topo["pp"] < 2)] or list(kinds)
+    taken: set[int] = set()
+    faults = [_fault(rng, str(rng.choice(usable)), topo, n_it, taken)]
+    if rng.random() < overlap_share:
+        second = [k for k in usable if k != "stage_imbalance"] or usable
+        faults.append(_fault(rng, str(rng.choice(second)), topo, n_it, taken))
+    data["fault"] = faults
+    return Case(seed, data, level)
+
+
+def generate_cases(seed: int, n: int, **kw: Any) -> list[Case]:
+    """``n`` cases with seeds ``seed*100000 + i`` (each reproducible on its own)."""
+    return [generate_case(seed * 100_000 + i, **kw) for i in range(n)]
+
+
+def single_gpu_case(seed: int, factor: float, topology: dict[str, int] | None = None,
+                    iterations: int = 40, stage: str = "mlp") -> Case:
+    """One GPU's ``stage`` slowed by ``factor`` from a random onset, at a random rank."""
+    rng = np.random.default_rng([seed, 99])
+    topo = topology or {"tp": 1, "pp": 4, "dp": 32, "ep": 8, "gpus_per_node": 8}
+    world = topo["tp"] * topo["pp"] * topo["dp"]
+    start = int(rng.integers(15, iterations - 10))
+    data = {"topology": dict(topo), "run": {"job": f"gpu-{seed}", "iterations": iterations, "seed": seed},
+            "fault": [{"kind": "compute_slowdown", "ranks": str(int(rng.integers(world))), "stage": stage,
+                       "factor": float(factor), "start": start}]}
+    return Case(seed, data)
+
+
+# ------------------------------------------------------------------ running
+def result_cube(res: IterationResult, stages: list[str]) -> LatencyCube:
+    """One simulated iteration as the analyzer's cube (silent ranks NaN), without a frame."""
+    values = np.where(res.reporting[:, None], res.values, np.nan)
+    it_ms = np.where(res.reporting, res.iteration_ms, np.nan)
+    return LatencyCube(np.array([res.iteration]), np.array([res.time_ms]), list(stages),
+                       values[None], it_ms[None])
+
+
+def run_case(case: Case, config: AnalyzerConfig | None = None) -> Outcome:
+    """Simulate ``case`` in memory and feed every iteration to a fresh analyzer."""
+    sc = case.scenario()
+    sim = ClusterSimulator(sc)
+    ja = JobAnalyzer(sc.job, sc.topology, DEFAULT_STAGES, config)
+    first: dict[str, int] = {}
+    for _ in range(sc.iterations):
+        res = sim.step()
+        out = ja.feed(result_cube(res, sim.stages.names))
+        for inc in out.incidents:
+            first.setdefault(inc.id, res.iteration)
+    seen = [Seen(i.id, i.cls, sorted(int(r) for r in i.ranks), i.stage, int(i.onset_iteration),
+                 first.get(i.id, sc.iterations - 1)) for i in ja.diag.incidents]
+    return Outcome(case, sc.iterations, sc.topology.world, seen)
+
+
+# ------------------------------------------------------------------ scoring
+def _truth(case: Case) -> list[dict[str, Any]]:
+    sc = case.scenario()
+    return [f.to_dict(sc.topology) for f in sc.faults]
+
+
+def score_case(out: Outcome) -> CaseScore:
+    """Match each fault to the incident sharing most culprit ranks with it (reported after its start)."""
+    truth = _truth(out.case)
+    used: set[str] = set()
+    scores: list[FaultScore] = []
+    for f in truth:
+        true = np.asarray(f["ranks"], dtype=np.int64)
+        best, best_hit = None, 0
+        for inc in out.incidents:
+            if inc.first_iteration < f["start"]:
+                continue
+            hit = int(np.isin(np.asarray(inc.ranks, dtype=np.int64), true).sum())
+            if hit > best_hit:
+                best, best_hit = inc, hit
+        if best is not None:
+            used.add(best.id)
+        scores.append(FaultScore(
+            seed=out.case.seed, kind=f["kind"], factor=float(f["factor"]), n_true=len(true),
+            n_reported=len(best.ranks) if best else 0, n_hit=best_hit, detected=best is not None,
+            class_ok=best is not None and best.cls == EXPECTED_CLASS[f["kind"]],
+            delay=(best.first_iteration - f["start"]) if best else None, world=out.world))
+    false = [i for i in out.incidents if i.id not in used]
+    return CaseScore(out.case, scores, false, out.iterations, out.world)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
+
+
+def summarize(scores: list[CaseScore]) -> list[KindSummary]:
+    """Per-kind figures (rank precision/recall micro-averaged over the detected faults' ranks)."""
+    out = []
+    faults = [f for s in scores for f in s.faults]
+    for kind in FAULT_KINDS:
+        fs = [f for f in faults if f.kind == kind]
+        if not fs:
+            continue
+        det = [f for f in fs if f.detected]
+        delays = np.array([f.delay for f in det], dtype=float)
+        out.append(KindSummary(
+            kind=kind, faults=len(fs), detected=len(det),
+            rank_precision=_ratio(sum(f.n_hit for f in det), sum(f.n_reported for f in det)),
+            rank_recall=_ratio(sum(f.n_hit for f in fs), sum(f.n_true for f in fs)),
+            class_accuracy=_ratio(sum(f.class_ok for f in det), len(det)),
+            delay_median=float(np.median(delays)) if len(delays) else float("nan"),
+            delay_p95=float(np.percentile(delays, 95)) if len(delays) else float("nan")))
+    return out
+
+
+def false_incidents_per_1000(scores: list[CaseScore], healthy_only: bool = True) -> tuple[int, int, float]:
+    """(false incidents, iterations, per 1,000 iterations) over the (healthy) cases."""
+    sel = [s for s in scores if s.case.healthy or not healthy_only]
+    n_false = sum(len(s.false_incidents) for s in sel)
+    n_it = sum(s.iterations for s in sel)
+    return n_false, n_it, 1000.0 * _ratio(n_false, n_it)
+
+
+def smallest_factor_at_recall(factor_recall: dict[float, float], target: float = 0.95) -> float | None:
+    """The smallest factor whose recall, and that of every larger factor measured, reaches ``target``."""
+    ok = None
+    for factor in sorted(factor_recall, reverse=True):
+        if factor_recall[factor] < target:
+            break
+        ok = factor
+    return ok
