@@ -37,6 +37,7 @@ every rank ``iteration_ms == sum(value[stage] * occurrences[stage])``.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
@@ -334,6 +335,9 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
     wall0 = time.monotonic()
     if live and truth_path is not None:
         truth.write(truth_path)
+    # one writer thread posts iteration i while the model computes and encodes i+1
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-sim-writer")
+    pending: list[Future] = []
     try:
         for _ in range(scenario.iterations):
             res = sim.step()
@@ -342,12 +346,19 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
                 due = wall0 + (sim._elapsed_ms / 1000.0) / speed
                 time.sleep(max(0.0, due - time.monotonic()))
                 stamp = int(time.time() * 1000)
-            points = writer.write(res, stamp)
+            payload = writer.encode(res, stamp)
+            while pending:
+                pending.pop(0).result()  # raises the writer's error, if any
+            pending.append(pool.submit(writer.post, payload))
             if res.iteration in events_at:
-                writer.write_events(events_at[res.iteration], stamp)
+                pending.append(pool.submit(writer.write_events, events_at[res.iteration], stamp))
             truth.times_ms.append(stamp)
+            points = 0 if payload is None else len(payload)
             bar.update(res.iteration + 1, points, f"{res.job_iteration_ms / 1000:.1f} s/iteration")
+        while pending:
+            pending.pop(0).result()
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
         truth.finalise()
         if truth_path is not None:

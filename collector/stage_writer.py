@@ -58,16 +58,24 @@ class StageLatencyWriter:
         prefixes = self.prefixes if everyone else self.prefixes[rep]
         return encode_lines(prefixes, fields, int(time_ms))
 
-    def write(self, res: IterationResult, time_ms: int) -> int:
-        """Write one iteration; returns the number of points written."""
+    def encode(self, res: IterationResult, time_ms: int) -> list[str] | pd.DataFrame | None:
+        """What :meth:`post` sends for one iteration: lines (InfluxDB), a frame, or None (nobody reports)."""
         if not res.reporting.any():
+            return None
+        return self.lines(res, time_ms) if self.fast else self.sim.frame(res, time_ms)
+
+    def post(self, payload: list[str] | pd.DataFrame | None) -> int:
+        """Send an encoded iteration; returns the number of points written."""
+        if payload is None:
             return 0
-        if self.fast:
-            lines = self.lines(res, time_ms)
-            self.store.write_lines(lines)  # type: ignore[attr-defined]
-            return len(lines)
-        frame = self.sim.frame(res, time_ms)
-        return self.store.write_stage_latency(frame).written
+        if isinstance(payload, list):
+            self.store.write_lines(payload)  # type: ignore[attr-defined]
+            return len(payload)
+        return self.store.write_stage_latency(payload).written
+
+    def write(self, res: IterationResult, time_ms: int) -> int:
+        """Encode and write one iteration; returns the number of points written."""
+        return self.post(self.encode(res, time_ms))
 
     def write_events(self, events: Sequence[EventSpec], time_ms: int) -> int:
         """Write out-of-band events to the ``event`` measurement at ``time_ms``."""
