@@ -305,6 +305,8 @@ class _Parser:
         if kind == "stage_imbalance" and key != "pp":
             raise self.fail((*p, key), "a stage_imbalance fault names its pipeline stage: pp = N")
         value = d[key]
+        if isinstance(value, np.ndarray):  # programmatic scenarios may pass arrays
+            value = value.tolist()
         if key == "ranks":
             ranks = self.guard((*p, key), parse_ranks, value)
             return self.guard((*p, key), topo.check_ranks, ranks)

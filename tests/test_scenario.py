@@ -174,3 +174,10 @@ def test_invalid_toml_is_reported(tmp_path):
     path.write_text("[topology\npp = 1\n")
     with pytest.raises(ScenarioError, match="invalid TOML"):
         load_scenario(path)
+
+
+def test_programmatic_scenarios_accept_numpy_values():
+    sc = Scenario.from_dict({"topology": TOPO, "run": {"iterations": np.int64(3), "seed": np.int64(4)},
+                             "fault": [{"kind": "compute_slowdown", "ranks": np.array([9, 5]),
+                                        "factor": np.float64(2.0), "start": np.int64(1)}]})
+    assert sc.iterations == 3 and sc.faults[0].ranks.tolist() == [5, 9] and sc.faults[0].start == 1
