@@ -167,7 +167,8 @@ class Diagnoser:
                         continue
                     overlap = np.isin(ranks, inc.ranks)
                     near = np.abs(onsets - inc.onset_iteration) <= cfg_gap(self.cfg)
-                    join = overlap | (near & (inc.stage == stage.name))
+                    close = _distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node
+                    join = overlap | (near & close & (inc.stage == stage.name))
                     if (overlap.sum() >= 0.5 * len(ranks)) or join.any():
                         take = ranks[join | (overlap.sum() >= 0.5 * len(ranks))]
                         self.assigned[take, s] = True
@@ -186,7 +187,14 @@ class Diagnoser:
             order = np.argsort(onsets, kind="stable")
             ranks, onsets = ranks[order], onsets[order]
             cuts = np.flatnonzero(np.diff(onsets) > cfg_gap(self.cfg)) + 1
+            parts = []
             for part_r, part_o in zip(np.split(ranks, cuts), np.split(onsets, cuts), strict=True):
+                # ...and that sit together (same or neighbouring nodes): faults elsewhere are others
+                o = np.argsort(part_r, kind="stable")
+                part_r, part_o = part_r[o], part_o[o]
+                gaps = np.flatnonzero(np.diff(part_r) > self.topo.gpus_per_node) + 1
+                parts += list(zip(np.split(part_r, gaps), np.split(part_o, gaps), strict=True))
+            for part_r, part_o in parts:
                 onset = int(part_o.min())
                 inc = Incident(
                     id=incident_id(cls, onset, part_r), job=self.job, cls=cls,
@@ -291,6 +299,13 @@ class Diagnoser:
             tainted[self.topo.members("pipeline")[pipes].reshape(-1)] = True
             floors = _untaint(self.topo, floors, tainted)
         culprits, stage, ratio = intersect_risen(self.topo, floors)
+        # a degraded link slows every kind of collective its ranks take part in; floors of a
+        # single kind rising is the chunk waiting on someone (e.g. a late data loader)
+        kinds_risen = {k for k, r in zip(floors.kind, floors.risen, strict=True) if r.any()}
+        if len(set(floors.kind)) >= 2 and len(kinds_risen) < 2:
+            culprits = np.empty(0, np.int64)
+        if len(culprits) > 1:
+            culprits = self._refine_by_p2p(culprits, scores)
         if not len(culprits):
             self.link = None
             return []
@@ -331,6 +346,16 @@ class Diagnoser:
         self._judge_events(inc, win)
         self._register(inc)
         return [inc]
+
+    def _refine_by_p2p(self, culprits: np.ndarray, scores: RankScores) -> np.ndarray:
+        """Within a collective group every member sees the same slow transfer; a pipeline hop
+        involves only the two ranks it joins. Keep the candidates whose own p2p times rose."""
+        p2p = [i for i, st in enumerate(self.stages) if st.kind == "comm" and st.group == "pipeline"]
+        if not p2p or self.topo.pp < 2:
+            return culprits
+        with np.errstate(invalid="ignore"):
+            rose = (scores.rel[np.ix_(culprits, p2p)] > np.log1p(self.cfg.floor_change)).any(axis=1)
+        return culprits[rose] if rose.any() else culprits
 
     # ---------------------------------------------------------- pipeline
     def _update_balance(self, iteration, time_ms, win, hot: np.ndarray, ratio: np.ndarray) -> list[Incident]:
@@ -452,10 +477,10 @@ class Diagnoser:
 
 
 def _untaint(topo: Topology, floors: FloorScores, tainted: np.ndarray) -> FloorScores:
-    """The floor scores with groups that contain a tainted rank no longer risen."""
+    """The floor scores with groups mostly made of tainted ranks no longer risen."""
     risen = []
     for kind, r in zip(floors.kind, floors.risen, strict=True):
-        bad = tainted[topo.members(kind)].any(axis=1)
+        bad = tainted[topo.members(kind)].mean(axis=1) > 0.5
         risen.append(r & ~bad)
     return FloorScores(floors.stage, floors.kind, floors.floor, floors.ratio, risen)
 
@@ -463,6 +488,17 @@ def _untaint(topo: Topology, floors: FloorScores, tainted: np.ndarray) -> FloorS
 def cfg_gap(cfg: AnalyzerConfig) -> int:
     """Onsets this close belong to one fault."""
     return cfg.transient_max + 1
+
+
+def _distance(ranks: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Per rank, the distance to the nearest of ``others`` (sorted or not)."""
+    if not len(others):
+        return np.full(len(ranks), np.iinfo(np.int64).max)
+    o = np.sort(others)
+    i = np.clip(np.searchsorted(o, ranks), 1, len(o) - 1) if len(o) > 1 else np.zeros(len(ranks), np.int64)
+    lo = np.abs(ranks - o[np.maximum(i - 1, 0)])
+    hi = np.abs(ranks - o[i])
+    return np.minimum(lo, hi)
 
 
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
