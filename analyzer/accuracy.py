@@ -50,7 +50,7 @@ FACTOR_RANGE = {
 #: Noise multipliers applied to the model's sigmas (1.0 = the calibrated model).
 NOISE_LEVELS = (1.0, 1.0, 1.5, 2.0)
 _SIGMAS = ("iteration_sigma", "occurrence_sigma", "transfer_sigma", "host_sigma")
-_BASE_SIGMA = {"iteration_sigma": 0.03, "occurrence_sigma": 0.03, "transfer_sigma": 0.06, "host_sigma": 0.08}
+BASE_SIGMAS = {"iteration_sigma": 0.03, "occurrence_sigma": 0.03, "transfer_sigma": 0.06, "host_sigma": 0.08}
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def generate_case(seed: int, kinds: tuple[str, ...] = FAULT_KINDS, healthy_share
     data: dict[str, Any] = {"topology": topo, "run": {"job": f"acc-{seed}", "iterations": n_it,
                                                       "seed": int(seed)}}
     if level != 1.0:
-        data["model"] = {k: round(_BASE_SIGMA[k] * level, 4) for k in _SIGMAS}
+        data["model"] = {k: round(BASE_SIGMAS[k] * level, 4) for k in _SIGMAS}
     if rng.random() < healthy_share:
         return Case(seed, data, level)
     usable = [k for k in kinds if not (k == "stage_imbalance" and topo["pp"] < 2)] or list(kinds)

@@ -20,7 +20,9 @@ class AnalyzerConfig:
     change ``l1_min_change``, ``l1_persist`` iterations to confirm a step,
     ``l1_spike_max`` iterations a spike may last.
 
-    L2 (ranks against their group and their own past): a cell (rank x stage) is
+    L2 (ranks against their group and their own past): compute and host stages are
+    divided by the peers' ``reference_quantile`` (what healthy peers achieve even when
+    part of the group is slow); a cell (rank x stage) is
     *hot* when its ratio to the group median stands ``min_change`` above its own
     baseline (smoothed over ``smooth`` iterations) or ``abs_ratio`` above the
     group whatever its past, or ``spike_ratio`` in a single iteration, each also
@@ -44,6 +46,7 @@ class AnalyzerConfig:
     l1_rank_fraction: float = 0.05
 
     smooth: int = 3
+    reference_quantile: float = 0.25
     min_change: float = 0.15
     abs_ratio: float = 1.5
     spike_ratio: float = 2.0

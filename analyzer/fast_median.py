@@ -46,3 +46,20 @@ def median3(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     if not (np.isnan(a).any() or np.isnan(b).any() or np.isnan(c).any()):
         return np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
     return nanmedian(np.stack([a, b, c]), axis=0)
+
+
+def nanquantile(a: np.ndarray, q: float, axis: int = 0) -> np.ndarray:
+    """Quantile ``q`` (linear interpolation) along ``axis`` ignoring NaN; NaN where a slice has no value."""
+    a = np.asarray(a, dtype=float)
+    nan = np.isnan(a)
+    if not nan.any():
+        return np.quantile(a, q, axis=axis)
+    s = np.sort(a, axis=axis)
+    n = (~nan).sum(axis=axis, keepdims=True)
+    pos = q * np.maximum(n - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
+    frac = pos - lo
+    v = (np.take_along_axis(s, lo, axis=axis) * (1 - frac) + np.take_along_axis(s, hi, axis=axis) * frac)
+    v = np.where(n > 0, v, np.nan)
+    return np.squeeze(v, axis=axis)

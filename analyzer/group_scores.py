@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.fast_median import nanmedian
+from analyzer.fast_median import nanmedian, nanquantile
 
 MAD_TO_SIGMA = 1.4826
 
@@ -69,6 +69,11 @@ def group_stats(values: np.ndarray, members: np.ndarray) -> GroupStats:
 def group_medians(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Median of every group and stage, ``[G, S]``."""
     return _quiet(nanmedian, values[members], axis=1)
+
+
+def group_quantiles(values: np.ndarray, members: np.ndarray, q: float) -> np.ndarray:
+    """Quantile ``q`` of every group and stage, ``[G, S]``."""
+    return _quiet(nanquantile, values[members], q, axis=1)
 
 
 def ratio_to_group(values: np.ndarray, members: np.ndarray, group_ids: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ import numpy as np
 from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
 from analyzer.fast_median import median3, nanmedian
-from analyzer.group_scores import group_medians, sampled_sigma
+from analyzer.group_scores import group_medians, group_quantiles, sampled_sigma
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
@@ -64,14 +64,28 @@ class RankScorer:
         self._kinds = sorted(set(self.ref_kind))
 
     def ratios(self, values: np.ndarray) -> np.ndarray:
-        """Each rank's value over its reference group's median, ``[R, S]``."""
+        """Each rank's value over its reference group's norm, ``[R, S]``.
+
+        Compute and host stages are divided by the peers' ``reference_quantile``
+        (default the 25th percentile): what healthy peers achieve, even when a
+        third or a half of the group is slow. Communication stages by the median
+        of the group the collective runs in (the evidence of waits and short arrivals).
+        """
         out = np.full(values.shape, np.nan)
         for kind in self._kinds:
-            cols = [i for i, k in enumerate(self.ref_kind) if k == kind]
-            v = values[:, cols]
-            med = group_medians(v, self.topo.members(kind))[self.topo.group_ids(kind)]
-            with np.errstate(all="ignore"):
-                out[:, cols] = np.where(med > 0, v / med, np.nan)
+            for cause in (True, False):
+                cols = [i for i, k in enumerate(self.ref_kind) if k == kind and self.cause[i] == cause]
+                if not cols:
+                    continue
+                v = values[:, cols]
+                members = self.topo.members(kind)
+                if cause:
+                    ref = group_quantiles(v, members, self.cfg.reference_quantile)
+                else:
+                    ref = group_medians(v, members)
+                ref = ref[self.topo.group_ids(kind)]
+                with np.errstate(all="ignore"):
+                    out[:, cols] = np.where(ref > 0, v / ref, np.nan)
         return out
 
     def update(self, values: np.ndarray, present: np.ndarray) -> RankScores:

@@ -32,7 +32,7 @@ import numpy as np
 
 from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
-from analyzer.group_scores import group_medians
+from analyzer.group_scores import group_quantiles
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
@@ -50,7 +50,9 @@ class PipelineBalanceScorer:
 
     def update(self, values: np.ndarray) -> np.ndarray:
         """Bool ``[dp_group, stage]``: the group's stage is hot."""
-        med = group_medians(values, self.topo.members("dp"))
+        # a stage that has more work is slow on all its ranks: its low quantile moves too;
+        # a few slow ranks inside it (stragglers) do not move it
+        med = group_quantiles(values, self.topo.members("dp"), self.cfg.reference_quantile)
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
             lg = np.log(med) - np.nanmedian(np.log(med), axis=0, keepdims=True)
