@@ -178,7 +178,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
             from collector.writer import open_writer
 
             coords, _ = detect(cfg.topology, job=cfg.job)
-            writer = open_writer(cfg.store, cfg.bucket, flush_interval_s=0.5)
+            writer = open_writer(cfg.store, cfg.bucket)
             timer = StageTimer(coords, sink=writer.put)
             timer.time_module(model.attention, "attention")
             timer.time_module(model.mlp, "mlp")

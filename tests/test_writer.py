@@ -10,7 +10,7 @@ import pytest
 
 from collector.coordinates import RankCoordinates
 from collector.stage_timer import StageTimer
-from collector.writer import DROP_EVENT, BackgroundWriter, open_writer
+from collector.writer import DROP_EVENT, BackgroundWriter, PointEncoder, open_writer
 from rankscope.store import InfluxStore
 from rankscope.topology import Topology
 
@@ -31,6 +31,30 @@ def test_points_arrive_in_the_store(influx_store):
     assert df["iteration"].tolist() == list(range(25))
     assert np.allclose(df["mlp"], 30.0 + np.arange(25))
     assert set(df["rank"]) == {3}
+
+
+def test_point_encoder_writes_what_the_frame_path_writes(influx_store, influx_url):
+    """The writer's direct line encoder and Store.write_stage_latency store the same data."""
+    import pandas as pd
+
+    points = [point(it, rank=r, mlp=0.001 * it + 1e-7 * r) for it in range(5) for r in (0, 7)]
+    points[3]["attention"] = float("nan")  # missing, left out
+    points[4]["job"] = "w with, comma=x"  # tag escaping
+    lines, refused = PointEncoder().encode(points)
+    assert refused == [] and len(lines) == len(points)
+    influx_store.write_lines(lines)
+    other = InfluxStore(influx_url, f"test_{uuid.uuid4().hex[:10]}", api="v1")
+    try:
+        other.write_stage_latency(pd.DataFrame(points))
+        for job in ("w", "w with, comma=x"):
+            a, b = influx_store.read_stage_latency(job), other.read_stage_latency(job)
+            assert len(a) == len(b) > 0
+            pd.testing.assert_frame_equal(a[sorted(a.columns)], b[sorted(b.columns)])
+    finally:
+        other.drop_database()
+        other.close()
+    _, refused = PointEncoder().encode([point(0, mlp=-5.0), point(1, mlp=float("inf"))])
+    assert len(refused) == 2 and "negative" in refused[0] and "finite" in refused[1]
 
 
 def test_invalid_values_are_counted_and_the_rest_written(influx_store):
