@@ -68,6 +68,7 @@ def write_report(store: Store, job: str, out_dir: str | Path, incident_id: str |
     page.write_text(_html(incident, window, figures, heatmaps), encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
         "incident": incident.id, "job": incident.job, "class": incident.cls, "figures": figures,
+        "onset_iteration": incident.onset_iteration, "resolved_iteration": incident.resolved_iteration,
         "heatmaps": {k: g.to_json() for k, g in heatmaps.items()},
         "culprits": incident.ranks.tolist()}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     say(f"wrote {page}")

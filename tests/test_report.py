@@ -57,6 +57,15 @@ def _luminance(png) -> np.ndarray:
     return rgb @ np.array([0.2126, 0.7152, 0.0722])
 
 
+def _after_onset(lum: np.ndarray, geo: dict, meta: dict) -> np.ndarray:
+    """Pixel columns of the iterations after the onset (one iteration of margin)."""
+    cols = np.array(geo["columns"])
+    col_of_pixel = cols[np.minimum((np.arange(lum.shape[1]) * len(cols)) // lum.shape[1], len(cols) - 1)]
+    late = col_of_pixel > meta["onset_iteration"]
+    assert late.sum() >= 3, "the incident data has too few iterations after the onset"
+    return lum[:, late]
+
+
 def test_report_names_the_culprits_and_links_its_figures(report, il0477):
     page, meta = report
     text = page.read_text()
@@ -77,8 +86,7 @@ def test_heatmap_png_shows_the_culprit_band(report):
     lum = _luminance(page.parent / geo["file"])[geo["top"]:geo["bottom"], geo["left"]:geo["right"]]
     rows = np.array(geo["rows"])
     row_of_pixel = rows[np.minimum((np.arange(lum.shape[0]) * len(rows)) // lum.shape[0], len(rows) - 1)]
-    # the last third of the iterations is well after the onset
-    late = lum[:, 2 * lum.shape[1] // 3:]
+    late = _after_onset(lum, geo, meta)
     culprit = np.isin(row_of_pixel, meta["culprits"])
     assert culprit.any() and (~culprit).any()
     band, rest = late[culprit].mean(), late[~culprit].mean()
@@ -93,7 +101,7 @@ def test_dp_heatmap_shows_the_short_reduce_scatter_band(report):
     rows = np.array(geo["rows"])
     row_of_pixel = rows[np.minimum((np.arange(lum.shape[0]) * len(rows)) // lum.shape[0], len(rows) - 1)]
     dp = row_of_pixel % 1440
-    late = lum[:, 2 * lum.shape[1] // 3:]
+    late = _after_onset(lum, geo, meta)
     inside = (dp >= 258) & (dp <= 285)  # a margin of 2 rows against antialiased edges
     outside = (dp < 250) | (dp > 293)
     assert late[inside].mean() < 0.6 * late[outside].mean()  # short = dark, at every pp stage
