@@ -35,8 +35,7 @@ def spec() -> DashboardSpec:
                 f"FROM \"incident\" WHERE {INCIDENT_WHERE}", table=True)],
         lay.place(24, 6),
         description="What the analyzer concluded: fault class, culprit ranks and node, the stage and its "
-                    "ratio to the group median, the group, onset (and resolution) iteration.",
-        transformations=[{"id": "reduce", "options": {"reducers": ["lastNotNull"], "mode": "seriesToRows"}}])
+                    "ratio to the group median, the group, onset (and resolution) iteration.")
     lay.newline()
     culprit_vs_group = timeseries(
         "$stage: culprit node $culprit_node against its $group_type group $group_id",
@@ -75,8 +74,8 @@ def spec() -> DashboardSpec:
         "Verdict on each event and the evidence",
         [target(f"SELECT \"events\", \"evidence\" FROM \"incident\" WHERE {INCIDENT_WHERE}", table=True)],
         lay.place(24, 8),
-        transformations=[{"id": "extractFields", "options": {"source": "events", "format": "json",
-                                                             "replace": False, "keepTime": False}}],
+        overrides=[{"matcher": {"id": "byRegexp", "options": "/events|evidence/"},
+                    "properties": [{"id": "custom.cellOptions", "value": {"type": "json-view"}}]}],
         description="The analyzer's verdict on every event near the incident: consistent with the "
                     "evidence or contradicted by it (e.g. a network event while only compute stages are slow).")
     return DashboardSpec(
