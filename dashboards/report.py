@@ -222,9 +222,10 @@ def run(args: argparse.Namespace) -> int:
         job = args.job
         if job is None:
             jobs = store.jobs()
-            if len(jobs) != 1:
-                raise ValueError(f"pass --job: the store holds {len(jobs)} jobs"
-                                 + (f" ({', '.join(jobs[:10])})" if jobs else ""))
+            if not jobs:
+                raise ValueError(f"{store!r} holds no jobs (no stage_latency points): nothing to report")
+            if len(jobs) > 1:
+                raise ValueError(f"pass --job: the store holds {len(jobs)} jobs ({', '.join(jobs[:10])})")
             job = jobs[0]
         page = write_report(store, job, args.out, None if args.latest else args.incident, progress=True)
     print(page)
