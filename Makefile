@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.torch
 
-.PHONY: demo test bench lint influxdb chromium clean torch-demo
+.PHONY: demo test bench bench-accuracy lint influxdb chromium clean torch-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ demo: $(STAMP)
 
 bench: $(STAMP) $(TORCH) influxdb
 	$(PY) -m benchmarks.run
+
+# Accuracy suite + peers side by side (ruptures, river, nvidia-resiliency-ext, HTA: the `bench` extra).
+# The CPU torch goes in first so that nvidia-resiliency-ext never pulls a CUDA build.
+bench-accuracy: $(STAMP) $(TORCH) influxdb
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m benchmarks.run accuracy peers
 
 # A real 8-process gloo DDP job on CPU, instrumented, rank 5 slow in mlp from iteration 15.
 torch-demo: $(TORCH)
