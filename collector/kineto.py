@@ -207,8 +207,12 @@ class _Intervals:
 
 
 def summarise_trace(data: Mapping[str, Any], patterns: StagePatterns, path: str | Path = "<trace>",
-                    rank: int | None = None) -> TraceSummary:
-    """Per-iteration stage times of one trace (see the module docstring for the rules)."""
+                    rank: int | None = None, link_backward: bool = True) -> TraceSummary:
+    """Per-iteration stage times of one trace (see the module docstring for the rules).
+
+    ``link_backward=False`` leaves out the backward operators reached through the
+    forward/backward flows (only events matched by name, and their kernels).
+    """
     r, world = trace_rank(data, path, rank)
     events = data["traceEvents"]
     steps: list[tuple[float, float, int]] = []
@@ -265,7 +269,7 @@ def summarise_trace(data: Mapping[str, Any], patterns: StagePatterns, path: str 
     # backward operators of forward operators that ran inside a stage
     for ops in cpu_ops.values():
         ops.sort()
-    for fid, pid, tid, ts in flows_f:
+    for fid, pid, tid, ts in flows_f if link_backward else ():
         src = flows_s.get(fid)
         if src is None:
             continue

@@ -50,23 +50,28 @@ def test_slow_rank_shows_in_mlp_and_the_others_wait_in_the_all_reduce(summaries)
         return statistics.median(v[stage] for it, v in zip(s.iterations, s.stage_ms, strict=True)
                                  if (it >= SLOW_FROM) == slow)
 
+    # quiet machine: ~5x; the margins leave room for a loaded one
     healthy = [r for r in range(4) if r != SLOW_RANK]
     slow_mlp = med(SLOW_RANK, "mlp", True)
-    assert slow_mlp > 2.5 * max(med(r, "mlp", True) for r in healthy)
-    assert slow_mlp > 2.5 * med(SLOW_RANK, "mlp", False)
+    assert slow_mlp > 1.5 * max(med(r, "mlp", True) for r in healthy)
+    assert slow_mlp > 1.5 * med(SLOW_RANK, "mlp", False)
     # healthy ranks wait for the slow one inside the collective; the slow one does not
-    assert min(med(r, "reduce_scatter", True) for r in healthy) > 2 * med(SLOW_RANK, "reduce_scatter", True)
+    assert min(med(r, "reduce_scatter", True) for r in healthy) > 1.5 * med(SLOW_RANK, "reduce_scatter", True)
 
 
-def test_backward_operators_of_a_module_count_for_its_stage(traces, summaries):
+def test_backward_operators_of_a_module_count_for_its_stage(traces):
     data = load_trace(traces[0])
+    linked = summarise_trace(data, StagePatterns.default(), traces[0])
+    forward_only = summarise_trace(data, StagePatterns.default(), traces[0], link_backward=False)
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in data["traceEvents"]
                    if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#"))
     fwd = [e for e in data["traceEvents"] if e.get("name", "").startswith("nn.Module: MoEMLP")]
     for k, (a, b) in enumerate(steps):
+        # without the links: exactly the module's forward events of the step
         fwd_ms = sum(e["dur"] for e in fwd if a <= e["ts"] <= b) / 1000
-        assert fwd_ms > 0
-        assert summaries[0].stage_ms[k]["mlp"] > fwd_ms * 1.2  # forward + linked backward ops
+        assert forward_only.stage_ms[k]["mlp"] == pytest.approx(fwd_ms, abs=1e-3)
+        # with them: plus the backward operators, which run after the forward
+        assert linked.stage_ms[k]["mlp"] > forward_only.stage_ms[k]["mlp"]
 
 
 def test_import_trace_cli_writes_stage_latency(traces, summaries, influx_store, capsys):
