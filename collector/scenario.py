@@ -46,7 +46,7 @@ class ScenarioError(ValueError):
     """A scenario that cannot be simulated; the message names the key (and line)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Fault:
     """One injected fault, resolved against the topology.
 
@@ -64,6 +64,15 @@ class Fault:
     factor: float = 1.0
     start: int = 0
     end: int | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Fault):
+            return NotImplemented
+        return (self.kind, self.stage, self.factor, self.start, self.end) == \
+            (other.kind, other.stage, other.factor, other.start, other.end) and \
+            np.array_equal(self.ranks, other.ranks)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def active(self, iteration: int) -> bool:
         return iteration >= self.start and (self.end is None or iteration < self.end)

@@ -181,3 +181,10 @@ def test_programmatic_scenarios_accept_numpy_values():
                              "fault": [{"kind": "compute_slowdown", "ranks": np.array([9, 5]),
                                         "factor": np.float64(2.0), "start": np.int64(1)}]})
     assert sc.iterations == 3 and sc.faults[0].ranks.tolist() == [5, 9] and sc.faults[0].start == 1
+
+
+def test_faults_compare_by_value():
+    a = Scenario.from_dict({"topology": TOPO, "fault": [{"kind": "host_stall", "node": 2, "factor": 3}]})
+    b = Scenario.from_dict({"topology": TOPO, "fault": [{"kind": "host_stall", "ranks": "16-23", "factor": 3}]})
+    c = Scenario.from_dict({"topology": TOPO, "fault": [{"kind": "host_stall", "ranks": "16-22", "factor": 3}]})
+    assert a.faults == b.faults and a.faults != c.faults
