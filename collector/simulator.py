@@ -151,6 +151,11 @@ class ClusterSimulator:
         self._column = np.array([self.stages.names.index(n) for n in DEFAULT_STAGES.names])
         self.occurrences = self._occurrences()
 
+    @property
+    def elapsed_ms(self) -> float:
+        """Simulated time of the iterations stepped so far (sum of job iteration times)."""
+        return self._elapsed_ms
+
     # ----------------------------------------------------------- structure
     def _occurrences(self) -> dict[str, int]:
         lm = self.params.layers_per_stage * self.params.microbatches
@@ -282,7 +287,7 @@ class ClusterSimulator:
         other = ClusterSimulator(self.scenario, self.stages, self.params)
         for _ in range(iterations or self.scenario.iterations):
             other.step()
-        return other._elapsed_ms
+        return other.elapsed_ms
 
     def frame(self, res: IterationResult, time_ms: int | None = None) -> pd.DataFrame:
         """The ``stage_latency`` frame of the reporting ranks (values rounded to 1 us)."""
@@ -343,7 +348,7 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
             res = sim.step()
             stamp = res.time_ms
             if live:
-                due = wall0 + (sim._elapsed_ms / 1000.0) / speed
+                due = wall0 + (sim.elapsed_ms / 1000.0) / speed
                 time.sleep(max(0.0, due - time.monotonic()))
                 stamp = int(time.time() * 1000)
             payload = writer.encode(res, stamp)
