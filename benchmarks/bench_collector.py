@@ -63,6 +63,39 @@ def _hot_path(ctx, store) -> tuple[float, float]:
     return region_us, iteration_us
 
 
+def _module_hooks(ctx) -> dict[str, float]:
+    """Median seconds of the demo model's forward+backward in one process (1 thread):
+    bare, with forward hooks on attention and mlp, and with forward+backward timing."""
+    import torch
+
+    from collector.torch_demo import build_model
+
+    torch.set_num_threads(1)
+    cfg = DemoConfig()
+    model = build_model(cfg)
+    x = torch.randn(cfg.batch, cfg.seq, cfg.d_model)
+    coords = RankCoordinates.from_topology(Topology(dp=1, gpus_per_node=1), 0, "bench-hooks")
+    timers = {k: StageTimer(coords, sink=None) for k in ("forward", "forward+backward")}
+
+    def variant(key: str | None):
+        def fn() -> None:
+            t = timers.get(key) if key else None
+            if t is not None:
+                t.time_module(model.attention, "attention", backward=key == "forward+backward")
+                t.time_module(model.mlp, "mlp", backward=key == "forward+backward")
+            for _ in range(10):
+                model(x).backward()
+                if t is not None:
+                    t.step()
+            if t is not None:
+                t.remove_hooks()
+        return fn
+
+    out = ctx.side_by_side({"bare": variant(None), "forward": variant("forward"),
+                            "forward+backward": variant("forward+backward")}, repeat=ctx.repeat * 3)
+    return {k: v / 10 for k, v in out.items()}
+
+
 def _demo_step_s(cfg: DemoConfig) -> float:
     res = run_demo(cfg)
     # per rank: median step after the first 5; then the median over ranks
@@ -74,6 +107,7 @@ def run(ctx) -> str:
     store = InfluxStore(ctx.influx_url, bucket, api="v1", retries=0, timeout_s=10)
     try:
         region_us, iteration_us = _hot_path(ctx, store)
+        hooks = _module_hooks(ctx)
         base = dict(store=ctx.influx_url, bucket=bucket, iterations=ITERATIONS, slow_rank=None)
         ab = run_demo(DemoConfig(job="bench-ab", store=ctx.influx_url, bucket=bucket,
                                  iterations=AB_ITERATIONS, ab_block=AB_BLOCK, slow_rank=None))
@@ -113,6 +147,14 @@ def run(ctx) -> str:
         f"| one iteration's bookkeeping (7 intervals + `step()` + `put()`) | {iteration_us:.1f} µs |",
         f"| demo step time, uninstrumented (8 ranks, gloo, CPU) | {without * 1e3:.1f} ms |",
         f"| **hot-path share of the step** | **{hot_pct:.3f} %** |",
+        "",
+        "Module hooks on the demo model (`attention` and `mlp` blocks), one process, one thread, "
+        "forward+backward, measured side by side:",
+        "",
+        "| hooks | median | added per iteration | vs the demo step |",
+        "| --- | --- | --- | --- |",
+        *[f"| {k} | {v * 1e3:.2f} ms | {(v - hooks['bare']) * 1e3:+.3f} ms | "
+          f"{(v - hooks['bare']) / without * 100:+.2f} % |" for k, v in hooks.items()],
         "",
         f"One real 8-process gloo DDP run of {AB_ITERATIONS} iterations, timer paused in every "
         f"other block of {AB_BLOCK} (first {2 * AB_BLOCK} iterations left out):",
