@@ -261,9 +261,23 @@ def run_case(case: Case, config: AnalyzerConfig | None = None) -> Outcome:
 
 
 # ------------------------------------------------------------------ scoring
+#: Kinds whose slowed compute runs in TP lockstep (the simulator's TP collectives sit inside the kernels).
+_LOCKSTEP_KINDS = ("compute_slowdown", "transient_stall", "stage_imbalance")
+
+
 def _truth(case: Case) -> list[dict[str, Any]]:
+    """The faults, each with its *observable* culprits: with tp > 1 a GPU slowed in attention or
+    mlp slows its whole TP group alike (every member measures the group's slowest), so no
+    timing can single it out; the TP group is the culprit set to find."""
     sc = case.scenario()
-    return [f.to_dict(sc.topology) for f in sc.faults]
+    topo = sc.topology
+    out = []
+    for f in sc.faults:
+        d = f.to_dict(topo)
+        if topo.tp > 1 and f.kind in _LOCKSTEP_KINDS and f.stage in (None, "attention", "mlp"):
+            d["ranks"] = np.unique(topo.members("tp")[topo.group_ids("tp")[f.ranks]]).tolist()
+        out.append(d)
+    return out
 
 
 def score_case(out: Outcome) -> CaseScore:

@@ -39,7 +39,7 @@ class AnalyzerConfig:
 
     l1_window: int = 20
     l1_min_history: int = 8
-    l1_threshold: float = 6.0
+    l1_threshold: float = 4.0
     l1_min_change: float = 0.10
     l1_persist: int = 2
     l1_spike_max: int = 1
