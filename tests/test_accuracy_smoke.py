@@ -85,3 +85,31 @@ def test_healthy_runs_raise_nothing():
     n_false, n_it, rate = false_incidents_per_1000(scores)
     assert n_it == 120 and n_false == 0 and rate == 0.0
     assert np.all([s.faults == [] for s in scores])
+
+
+def test_tp_lockstep_culprits_are_the_tp_group():
+    case = Case(2, {"topology": {"tp": 2, "pp": 2, "dp": 8, "ep": 4, "gpus_per_node": 8},
+                    "run": {"job": "tp", "iterations": 30, "seed": 2},
+                    "fault": [{"kind": "compute_slowdown", "ranks": "5", "stage": "mlp", "factor": 2.0, "start": 20},
+                              {"kind": "host_stall", "ranks": "9", "factor": 20.0, "start": 20, "end": 25}]})
+    pair = Seen("a", "compute_straggler", [4, 5], "mlp", 20, 21)
+    host = Seen("b", "host_stall", [8, 9], "dataloader", 20, 21)
+    s = score_case(Outcome(case, 30, 32, [pair, host]))
+    compute, stall = s.faults
+    assert (compute.n_true, compute.n_hit, compute.n_reported) == (2, 2, 2)  # TP peers 4 and 5 are one culprit
+    assert (stall.n_true, stall.n_hit, stall.n_reported) == (1, 1, 2)  # a host stall is not lockstepped
+
+
+def test_l1_calibration_counts_false_alarms_and_power():
+    from analyzer.l1_calibration import L1Setting, false_alarms, step_power
+
+    rng = np.random.default_rng(0)
+    x = 30_000 * np.exp(rng.normal(0, 0.01, (200, 3)))
+    x[100, 1] *= 3.0  # one spike in series 1
+    s = L1Setting(threshold=6.0, min_change=0.10, persist=2)
+    spikes = false_alarms(x, s, "spike")
+    assert spikes.alarms == 1 and spikes.armed == 3 * (200 - 8) and spikes.arl == spikes.armed
+    assert false_alarms(x, s, "step").alarms == 0
+    p = step_power(x, s, 1.5, 150)
+    assert p.detected == 3 and p.onset_exact == 3 and p.delay_median == 1.0
+    assert step_power(x, s, 1.05, 150).detected == 0  # below min_change
