@@ -31,9 +31,9 @@ from dashboards.report_data import (
 from rankscope.store import Store, open_store
 from rankscope.topology import format_ranks
 
-#: Stage latencies read around the onset (ms before, ms after).
-WINDOW_BEFORE_MS = 2 * 3600_000
-WINDOW_AFTER_MS = 6 * 3600_000
+#: Iterations of stage latencies read (and drawn) before and after the onset.
+ITERATIONS_BEFORE = 20
+ITERATIONS_AFTER = 20
 ACTIONS = {
     "compute_straggler": "Drain and replace node(s) {nodes}: the slowness is in compute-only work on "
                          "those GPUs; network repairs will not restore the speed.",
@@ -57,7 +57,7 @@ def write_report(store: Store, job: str, out_dir: str | Path, incident_id: str |
     out.mkdir(parents=True, exist_ok=True)
     incident = load_incident(store, job, incident_id)
     say(f"incident {incident.id} ({incident.cls}, {incident.status}); reading stage latencies")
-    window = load_window(store, incident, WINDOW_BEFORE_MS, WINDOW_AFTER_MS)
+    window = load_window(store, incident, ITERATIONS_BEFORE, ITERATIONS_AFTER)
     say(f"{window.cube.values.shape[0]} iterations x {window.topology.world} ranks; drawing figures")
     figures: dict[str, str] = {"timeline": figs.timeline(window, incident, out / "timeline.png").name}
     heatmaps = _heatmaps(window, incident, out)

@@ -101,8 +101,33 @@ class IncidentWindow:
         return mask
 
 
-def load_window(store: Store, incident: IncidentRecord, before_ms: int, after_ms: int) -> IncidentWindow:
-    """The job's stage_latency from ``before_ms`` before the onset to ``after_ms`` after it."""
+def iteration_times_ms(store: Store, incident: IncidentRecord) -> tuple[float, float] | None:
+    """Iteration time before and after the onset, from the incident's L1 evidence or the
+    job's ``l1_changepoint`` nearest to the onset; None when neither says."""
+    l1 = incident.evidence.get("l1") if isinstance(incident.evidence, dict) else None
+    if isinstance(l1, dict) and l1.get("before_ms") and l1.get("after_ms"):
+        return float(l1["before_ms"]), float(l1["after_ms"])
+    cps = store.read(schema.L1_CHANGEPOINT, incident.job)
+    if len(cps) and {"before_ms", "after_ms"} <= set(cps.columns):
+        row = cps.iloc[int(np.argmin(np.abs(cps["time"].to_numpy() - incident.onset_ms)))]
+        return float(row["before_ms"]), float(row["after_ms"])
+    return None
+
+
+def load_window(store: Store, incident: IncidentRecord, before_iterations: int = 20,
+                after_iterations: int = 20, fallback_ms: tuple[int, int] = (2 * 3600_000, 6 * 3600_000)
+                ) -> IncidentWindow:
+    """The job's stage_latency around the onset: about ``before_iterations`` before it and
+    ``after_iterations`` after it (past the resolution when resolved), so a report on a
+    long job reads only what it draws. Without iteration times, ``fallback_ms``."""
+    times = iteration_times_ms(store, incident)
+    if times is None:
+        before_ms, after_ms = fallback_ms
+    else:
+        after_n = after_iterations
+        if incident.resolved_iteration >= 0:
+            after_n = max(after_n, incident.resolved_iteration - incident.onset_iteration + 5)
+        before_ms, after_ms = int(before_iterations * times[0] * 1.2), int(after_n * times[1] * 1.2)
     end = incident.onset_ms + after_ms
     df = store.read_stage_latency(incident.job, incident.onset_ms - before_ms, end)
     if not len(df):
