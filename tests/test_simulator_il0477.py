@@ -5,6 +5,7 @@ to keep the run short; everything else is the built-in scenario.
 """
 
 import dataclasses
+import uuid
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def il0477(influx_url, tmp_path_factory):
         faults=[dataclasses.replace(f, start=ONSET) for f in base.faults],
         events=[dataclasses.replace(e, at=ONSET + 1) for e in base.events],
     )
-    store = InfluxStore(influx_url, bucket="test_sim_il0477", api="v1")
+    store = InfluxStore(influx_url, bucket=f"test_sim_il0477_{uuid.uuid4().hex[:8]}", api="v1")
     truth_path = tmp_path_factory.mktemp("truth") / "il-0477.truth.json"
     try:
         truth = simulate(scenario, store, start_ms=T0, truth_path=truth_path, progress=False)
