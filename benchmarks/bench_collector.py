@@ -63,9 +63,10 @@ def _hot_path(ctx, store) -> tuple[float, float]:
     return region_us, iteration_us
 
 
-def _module_hooks(ctx) -> dict[str, float]:
-    """Median seconds of the demo model's forward+backward in one process (1 thread):
-    bare, with forward hooks on attention and mlp, and with forward+backward timing."""
+def _module_hooks(n: int = 400) -> dict[str, float]:
+    """Median seconds of the demo model's forward+backward in one process (1 thread),
+    iteration by iteration in turn: no hooks, forward hooks, forward+backward timing
+    (on ``attention`` and ``mlp``; timers paused and resumed between iterations)."""
     import torch
 
     from collector.torch_demo import build_model
@@ -75,25 +76,26 @@ def _module_hooks(ctx) -> dict[str, float]:
     model = build_model(cfg)
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model)
     coords = RankCoordinates.from_topology(Topology(dp=1, gpus_per_node=1), 0, "bench-hooks")
-    timers = {k: StageTimer(coords, sink=None) for k in ("forward", "forward+backward")}
-
-    def variant(key: str | None):
-        def fn() -> None:
-            t = timers.get(key) if key else None
+    timers = {}
+    for key, backward in (("forward", False), ("forward+backward", True)):
+        t = timers[key] = StageTimer(coords, sink=None)
+        t.time_module(model.attention, "attention", backward=backward)
+        t.time_module(model.mlp, "mlp", backward=backward)
+        t.pause()
+    samples: dict[str, list[float]] = {"bare": [], **{k: [] for k in timers}}
+    for i in range(n):
+        for key in samples:
+            t = timers.get(key)
             if t is not None:
-                t.time_module(model.attention, "attention", backward=key == "forward+backward")
-                t.time_module(model.mlp, "mlp", backward=key == "forward+backward")
-            for _ in range(10):
-                model(x).backward()
-                if t is not None:
-                    t.step()
+                t.resume()
+            t0 = time.perf_counter()
+            model(x).backward()
+            if i >= 20:
+                samples[key].append(time.perf_counter() - t0)
             if t is not None:
-                t.remove_hooks()
-        return fn
-
-    out = ctx.side_by_side({"bare": variant(None), "forward": variant("forward"),
-                            "forward+backward": variant("forward+backward")}, repeat=ctx.repeat * 3)
-    return {k: v / 10 for k, v in out.items()}
+                t.step()
+                t.pause()
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def _demo_step_s(cfg: DemoConfig) -> float:
@@ -107,7 +109,7 @@ def run(ctx) -> str:
     store = InfluxStore(ctx.influx_url, bucket, api="v1", retries=0, timeout_s=10)
     try:
         region_us, iteration_us = _hot_path(ctx, store)
-        hooks = _module_hooks(ctx)
+        hooks = _module_hooks()
         base = dict(store=ctx.influx_url, bucket=bucket, iterations=ITERATIONS, slow_rank=None)
         ab = run_demo(DemoConfig(job="bench-ab", store=ctx.influx_url, bucket=bucket,
                                  iterations=AB_ITERATIONS, ab_block=AB_BLOCK, slow_rank=None))
@@ -149,7 +151,7 @@ def run(ctx) -> str:
         f"| **hot-path share of the step** | **{hot_pct:.3f} %** |",
         "",
         "Module hooks on the demo model (`attention` and `mlp` blocks), one process, one thread, "
-        "forward+backward, measured side by side:",
+        "forward+backward, the three variants in turn iteration by iteration (380 each):",
         "",
         "| hooks | median | added per iteration | vs the demo step |",
         "| --- | --- | --- | --- |",
