@@ -5,7 +5,8 @@ Three measurements:
 1. The hot-path cost in isolation (one process, the real writer on the real
    InfluxDB behind it): a timed region (``with timer.stage(...)``), and a whole
    instrumented iteration's bookkeeping (the demo's 7 intervals + ``step()`` +
-   ``put()``), against the demo's step time.
+   ``put()``), against the demo's step time; and the module hooks on the demo
+   model (forward, forward+backward) against the bare model.
 2. One real 8-process gloo DDP run on CPU whose timer is paused (module hooks
    removed, no regions, no points) in every other block of 5 iterations: the
    median step of the instrumented blocks against the paused ones, per rank.
