@@ -304,6 +304,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_cli(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise RuntimeError("torch-demo needs torch: pip install 'rankscope[torch]' "
+                           "(or torch==2.13.0 for the CPU build)") from None
     cfg = DemoConfig(job=args.job, store=args.store, bucket=args.bucket, world=args.world,
                      gpus_per_node=args.gpus_per_node, iterations=args.iterations,
                      slow_rank=None if args.slow_rank < 0 else args.slow_rank,
