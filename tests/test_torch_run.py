@@ -92,3 +92,20 @@ def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
     # few iterations by other work on a loaded machine) stands out less
     others = [i for i in stragglers if SLOW_RANK not in i["ranks"]]
     assert all(i["ratio"] < first["ratio"] for i in others), others
+
+
+def test_torch_demo_command(tmp_path, capsys):
+    from rankscope.cli import main as cli_main
+    from rankscope.store import EmbeddedStore
+
+    db = tmp_path / "store.db"
+    assert cli_main(["torch-demo", "--store", str(db), "--world", "2", "--gpus-per-node", "2",
+                     "--iterations", "4", "--slow-rank", "-1", "--job", "cli-demo"]) == 0
+    out = capsys.readouterr()
+    assert "rank 1: median step" in out.out and "written 4, dropped 0" in out.out
+    assert "2 processes x 4 iterations" in out.err
+    with EmbeddedStore(db) as store:
+        df = store.read_stage_latency("cli-demo")
+    assert len(df) == 8 and set(DEMO_STAGES) <= set(df.columns)
+    assert cli_main(["torch-demo", "--store", str(db), "--world", "2", "--slow-rank", "7"]) == 1
+    assert "slow rank 7 is outside 0..1" in capsys.readouterr().err
