@@ -229,6 +229,16 @@ def _fmt(x: float, nd: int = 2) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.{nd}f}"
 
 
+def _x(num: float, den: float) -> str:
+    """A ratio as text: n/a when undefined, inf when the denominator is 0."""
+    if not np.isfinite(num) or not np.isfinite(den):
+        return "n/a"
+    if den == 0:
+        return "inf" if num > 0 else "n/a"
+    r = num / den
+    return f"{r:,.0f}x" if r >= 10 else f"{r:.2f}x"
+
+
 def _time_str(s: float) -> str:
     if s >= 3600:
         return f"{s / 3600:.1f} h"
@@ -237,7 +247,7 @@ def _time_str(s: float) -> str:
     return f"{s:.2f} s" if s >= 1 else f"{s * 1000:.0f} ms"
 
 
-def _changepoints(ctx) -> list[str]:
+def _changepoints(ctx, summary: list[str]) -> list[str]:
     data = _cp_runs()
     il, il_at = _il_series()
     n_all = il.shape[1]
@@ -285,8 +295,6 @@ def _changepoints(ctx) -> list[str]:
     fastest = min((n for n in peers), key=lambda n: timing[n])
     c = AnalyzerConfig()
     lines = [
-        "## Peers side by side",
-        "",
         "### L1 change points: StepDetector vs ruptures and river",
         "",
         f"Accuracy data: {CP_RUNS} simulated runs of a 128-rank job x {CP_ITERATIONS} iterations (noise x1 or "
@@ -347,6 +355,21 @@ def _changepoints(ctx) -> list[str]:
         f"speed vs fastest {'met' if timing[fastest] >= 10 * timing['ours'] else 'NOT met'}, "
         f"speed vs PELT {'met' if timing['PELT'] >= 1000 * timing['ours'] else 'NOT met'}.",
     ]
+    data_l1 = f"{n_series} simulated series, {n_changes} change points"
+    for name, (ver, _) in peers.items():
+        sp = scores[name]
+        summary.append(f"| L1 F1 (margin {MARGIN}) | {name} | {ver} | {data_l1} | {_fmt(sp.f1)} | {_fmt(so.f1)} | "
+                       f"{_x(so.f1, sp.f1)} (ours / peer) |")
+    for name in ("ADWIN", "PageHinkley"):
+        sp = scores[name]
+        dp = float(np.median(sp.delays)) if sp.delays else float("nan")
+        do = float(np.median(so.delays)) if so.delays else float("nan")
+        summary.append(f"| L1 delay median (it.) | {name} | {peers[name][0]} | {data_l1} | {_fmt(dp, 0)} | "
+                       f"{_fmt(do, 0)} | {_fmt(dp - do, 0)} it. sooner |")
+    for name, (ver, _) in peers.items():
+        summary.append(f"| L1 time, all 12,960 series x {CP_ITERATIONS} it. | {name} | {ver} | IL-0477 run | "
+                       f"{_time_str(timing[name])} (extrap.) | {_time_str(timing['ours'])} | "
+                       f"{_x(timing[name], timing['ours'])} (peer / ours) |")
     return lines
 
 
@@ -424,7 +447,7 @@ def _l2_cases() -> list[tuple[str, Case]]:
     return out
 
 
-def _l2(ctx) -> list[str]:
+def _l2(ctx, summary: list[str]) -> list[str]:
     flagged, how = _nvrx_scoring()
     names = list(DEFAULT_STAGES.names)
     compute = [j for j, s in enumerate(DEFAULT_STAGES) if s.kind in ("compute", "host")]
@@ -480,6 +503,16 @@ def _l2(ctx) -> list[str]:
     rows += ["", "| over all data | ours | nvrx all rel. | nvrx all indiv. | nvrx compute rel. | nvrx compute indiv. |",
              "|---|---|---|---|---|---|",
              "| culprit precision, recall | " + " | ".join(pr(k) for k in totals) + " |"]
+    ver = f"{_version('nvidia-resiliency-ext')}"
+    for k, label in (("all_rel", "relative, all stages"), ("all_ind", "individual, all stages"),
+                     ("c_rel", "relative, compute stages"), ("c_ind", "individual, compute stages")):
+        hit, rep = totals[k]
+        p_peer = hit / rep if rep else float("nan")
+        p_ours = totals["ours"][0] / totals["ours"][1] if totals["ours"][1] else float("nan")
+        summary.append(f"| L2 culprit precision / recall | nvrx {label} | {ver} | 7 simulated jobs (IL-0477 + 512-rank) | "
+                       f"{_fmt(p_peer)} / {_fmt(hit / n_true_total)} | {_fmt(p_ours)} / "
+                       f"{_fmt(totals['ours'][0] / n_true_total)} | "
+                       f"{_x(p_ours, p_peer)} precision (ours / peer) |")
     return rows
 
 
@@ -563,7 +596,7 @@ def _hta_on_traces(folder: Path) -> list[int]:
         return sorted(int(r) for r in ta.get_potential_stragglers(num_candidates=2))
 
 
-def _hta(ctx) -> list[str]:
+def _hta(ctx, summary: list[str]) -> list[str]:
     rows = ["### Traces: HTA get_potential_stragglers vs our trace import + analyzer", ""]
     ver = _version("HolisticTraceAnalysis")
     with tempfile.TemporaryDirectory() as tmp:
@@ -593,15 +626,25 @@ def _hta(ctx) -> list[str]:
     if timing:
         rows += ["", f"Time for the {HTA_RANKS} slow traces (side by side, 3 repeats): HTA {_time_str(timing['hta'])}, "
                  f"ours {_time_str(timing['ours'])}, ratio HTA / ours {timing['hta'] / timing['ours']:.1f}x."]
+    summary.append(f"| trace stragglers, slow set / healthy set | HTA | {ver} | {HTA_RANKS} synthetic Kineto traces | "
+                   f"{results['hta slow']} / {results['hta healthy']} | {results['ours slow']} / {results['ours healthy']} "
+                   f"| truth [{HTA_SLOW_RANK}] / [] |")
+    if timing:
+        summary.append(f"| trace analysis time | HTA | {ver} | {HTA_RANKS} synthetic Kineto traces | {_time_str(timing['hta'])} | "
+                       f"{_time_str(timing['ours'])} | {_x(timing['hta'], timing['ours'])} (peer / ours) |")
     return rows
 
 
 def run(ctx) -> str:
     t0 = time.perf_counter()
-    lines = _changepoints(ctx)
-    lines += [""] + _l2(ctx)
-    lines += [""] + _hta(ctx)
+    summary: list[str] = []
+    body = _changepoints(ctx, summary)
+    body += [""] + _l2(ctx, summary)
+    body += [""] + _hta(ctx, summary)
+    lines = ["## Peers side by side", "", "### Summary (one row per figure; details below)", "",
+             "| comparison | peer | version | data | peer's figure | ours | ratio |", "|---|---|---|---|---|---|---|",
+             *summary, ""] + body
     lines += ["", f"Run time {time.perf_counter() - t0:.0f} s on a shared 2-core machine (other engineers' jobs "
-              "running; load average about 7-9): absolute times are inflated, the side-by-side ratios are the "
+              "running; load average about 7-11): absolute times are inflated, the side-by-side ratios are the "
               "figures to quote."]
     return "\n".join(lines)
