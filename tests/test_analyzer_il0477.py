@@ -7,33 +7,30 @@ import sys
 
 import pytest
 
-from analyzer.cycle import AnalyzerService
+from analyzer.config import AnalyzerConfig
+from analyzer.incidents import load_incidents
 from collector.scenario import load_scenario
 from collector.simulator import simulate
 from rankscope import schema
+from tests.il0477_store import shared_incident
 
 START = 1_760_000_000_000
 
 
-@pytest.fixture(scope="module")
-def il0477(influx_url):
-    import uuid
+@pytest.fixture(scope="session")
+def il0477(influx_url, request):
+    """IL-0477 (40 iterations, 12,960 ranks) simulated into the real InfluxDB and analyzed once.
 
-    from rankscope.store import InfluxStore
-
-    store = InfluxStore(influx_url, bucket=f"il0477_{uuid.uuid4().hex[:8]}", api="v1")
-    scenario = load_scenario("il-0477").with_overrides(iterations=36)
-    simulate(scenario, store, start_ms=START, progress=False)
-    svc = AnalyzerService(store)
-    svc.cycle(final=True)
-    yield store, svc
-    store.drop_database()
-    store.close()
+    The same database the dashboard and report tests query (filled once per session).
+    """
+    data = shared_incident(influx_url, request.addfinalizer)
+    assert data.source == "simulator+analyzer"
+    return data.store, data.job
 
 
 def test_l1_step_alert_within_two_iterations(il0477):
-    store, svc = il0477
-    cps = store.read(schema.L1_CHANGEPOINT, "il-0477")
+    store, job = il0477
+    cps = store.read(schema.L1_CHANGEPOINT, job)
     steps = cps[(cps["kind"] == "step") & (cps["scope"] == "job")]
     assert len(steps) == 1
     step = steps.iloc[0]
@@ -41,12 +38,12 @@ def test_l1_step_alert_within_two_iterations(il0477):
     assert step["before_ms"] == pytest.approx(30_000, rel=0.1)
     assert step["after_ms"] > 90_000
     # confirmation latency: the detector confirms after l1_persist iterations
-    assert svc.cfg.l1_persist <= 2
+    assert AnalyzerConfig().l1_persist <= 2
 
 
 def test_one_compute_straggler_incident_with_the_incident_numbers(il0477):
-    store, svc = il0477
-    incidents = [i.to_json() for i in svc.incidents()]
+    store, job = il0477
+    incidents = [i.to_json() for i in load_incidents(store, job)]
     assert len(incidents) == 1, [i["title"] for i in incidents]
     inc = incidents[0]
     assert inc["class"] == "compute_straggler"
@@ -61,20 +58,20 @@ def test_one_compute_straggler_incident_with_the_incident_numbers(il0477):
     (event,) = inc["events"]
     assert (event["name"], event["node"], event["verdict"]) == ("server port down", 1294, "contradicted")
     # and it is what the database holds, once
-    stored = store.read(schema.INCIDENT, "il-0477")
+    stored = store.read(schema.INCIDENT, job)
     assert stored["id"].tolist() == [inc["id"]]
     assert stored["ranks"].iloc[0] == "10352-10359"
 
 
 def test_l2_points_show_the_ep_group(il0477):
-    store, _ = il0477
-    g = store.read(schema.L2_GROUP, "il-0477", where={"group_type": "ep", "stage": "mlp"})
+    store, job = il0477
+    g = store.read(schema.L2_GROUP, job, where={"group_type": "ep", "stage": "mlp"})
     ep_id = 7 * 45 + 8          # pp=7, dp 256-287
     row = g[g["group_id"] == ep_id].iloc[-1]
     assert row["cv"] > 0.8 and row["anomalous"] == 1
     others = g[(g["group_id"] != ep_id) & (g["time"] == row["time"])]
     assert (others["cv"] < 0.3).all()
-    r = store.read(schema.L2_RANK, "il-0477", where={"stage": "mlp"})
+    r = store.read(schema.L2_RANK, job, where={"stage": "mlp"})
     assert set(range(10352, 10360)) <= set(r["rank"])
     assert (r[r["rank"].between(10352, 10359)]["ratio"] > 4).all()
 
