@@ -82,8 +82,8 @@ def run(ctx) -> str:
     rounds = 2
     d = statistics.median(samples["direct"])
     b = statistics.median(samples["backfill"])
-    pairs = ", ".join(f"{x / y:.2f}" for x, y in zip(samples["direct"], reversed(samples["backfill"]),
-                                                      strict=True))
+    # adjacent runs form the pairs: (direct 1, backfill 1) and (backfill 2, direct 2)
+    pairs = ", ".join(f"{x / y:.2f}" for x, y in zip(samples["direct"], samples["backfill"], strict=True))
     return f"""## Simulator (`collector/simulator.py`)
 
 One simulated iteration, all ranks at once (median of {max(ctx.repeat, 15)}):
