@@ -46,8 +46,8 @@ def run(ctx) -> str:
              "| heatmap query | series (rows drawn) | median | vs per rank, whole job |",
              "| --- | --- | --- | --- |"]
     for k, s in times.items():
-        lines.append(f"| {k} | {series[k]:,} | {s * 1000:.0f} ms | {s / naive:.2f}x |")
+        lines.append(f"| {k} | {series[k]:,} | {s * 1000:.0f} ms | {s / naive:.3f}x |")
     lines += ["", f"- `rankscope dashboards generate` (render all 7 files): {gen_s * 1000:.0f} ms median.",
-              f"- `rankscope report` for the IL-0477 incident (read {ITERATIONS} iterations of every rank, "
-              f"draw 5 figures): {report_s:.1f} s."]
+              f"- `rankscope report` for the IL-0477 incident (read ~20 iterations of every rank either side "
+              f"of the onset, draw 5 figures): {report_s:.1f} s."]
     return "\n".join(lines)
