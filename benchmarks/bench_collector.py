@@ -32,7 +32,7 @@ from rankscope.topology import Topology
 
 PAIRS = 2
 ITERATIONS = 50
-AB_ITERATIONS, AB_BLOCK = 160, 5
+AB_ITERATIONS, AB_BLOCK, AB_RUNS = 160, 5, 3
 
 
 def _hot_path(ctx, store) -> tuple[float, float]:
@@ -112,16 +112,20 @@ def run(ctx) -> str:
         region_us, iteration_us = _hot_path(ctx, store)
         hooks = _module_hooks()
         base = dict(store=ctx.influx_url, bucket=bucket, iterations=ITERATIONS, slow_rank=None)
-        ab = run_demo(DemoConfig(job="bench-ab", store=ctx.influx_url, bucket=bucket,
-                                 iterations=AB_ITERATIONS, ab_block=AB_BLOCK, slow_rank=None))
         ab_on, ab_off, ab_ratios = [], [], []
-        for r in ab.ranks:
-            on = [s for s, i in list(zip(r.step_s, r.instrumented, strict=True))[2 * AB_BLOCK:] if i]
-            off = [s for s, i in list(zip(r.step_s, r.instrumented, strict=True))[2 * AB_BLOCK:] if not i]
-            ab_on.append(statistics.median(on))
-            ab_off.append(statistics.median(off))
-            ab_ratios.append(ab_on[-1] / ab_off[-1])
-        print(f"  A/B run: {statistics.median(ab_ratios):.3f}", flush=True)
+        for k in range(AB_RUNS):
+            ab = run_demo(DemoConfig(job=f"bench-ab-{k}", store=ctx.influx_url, bucket=bucket,
+                                     iterations=AB_ITERATIONS, ab_block=AB_BLOCK, slow_rank=None))
+            on = statistics.median(statistics.median(
+                [s for s, i in list(zip(r.step_s, r.instrumented, strict=True))[2 * AB_BLOCK:] if i])
+                for r in ab.ranks)
+            off = statistics.median(statistics.median(
+                [s for s, i in list(zip(r.step_s, r.instrumented, strict=True))[2 * AB_BLOCK:] if not i])
+                for r in ab.ranks)
+            ab_on.append(on)
+            ab_off.append(off)
+            ab_ratios.append(on / off)
+            print(f"  A/B run {k + 1}/{AB_RUNS}: {ab_ratios[-1]:.3f}", flush=True)
         samples: dict[str, list[float]] = {"without": [], "with": []}
         t0 = time.perf_counter()
         for k in range(PAIRS):
@@ -159,16 +163,17 @@ def run(ctx) -> str:
         *[f"| {k} | {v * 1e3:.2f} ms | {(v - hooks['bare']) * 1e3:+.3f} ms | "
           f"{(v - hooks['bare']) / without * 100:+.2f} % |" for k, v in hooks.items()],
         "",
-        f"One real 8-process gloo DDP run of {AB_ITERATIONS} iterations, timer paused in every "
-        f"other block of {AB_BLOCK} (first {2 * AB_BLOCK} iterations left out):",
+        f"{AB_RUNS} real 8-process gloo DDP runs of {AB_ITERATIONS} iterations, timer paused in "
+        f"every other block of {AB_BLOCK} (first {2 * AB_BLOCK} iterations left out; per run the "
+        "median over ranks of each rank's median step):",
         "",
-        "| blocks | median step time (median over ranks) |",
+        "| blocks | median step time |",
         "| --- | --- |",
         f"| timer paused | {statistics.median(ab_off) * 1e3:.1f} ms |",
         f"| timer on (regions, module hooks, comm timing, points to InfluxDB) | "
         f"{statistics.median(ab_on) * 1e3:.1f} ms |",
-        f"| **median over ranks of on / paused** | **{statistics.median(ab_ratios):.3f}** "
-        f"(ranks: {min(ab_ratios):.3f} .. {max(ab_ratios):.3f}) |",
+        f"| **on / paused, median of the runs** | **{statistics.median(ab_ratios):.3f}** "
+        f"(runs: {', '.join(f'{r:.3f}' for r in ab_ratios)}) |",
         "",
         f"Whole runs, {ITERATIONS} iterations each, {PAIRS} of each, alternated "
         "(median over ranks of each rank's median step):",
@@ -181,6 +186,7 @@ def run(ctx) -> str:
         f"| **median of the per-pair ratios** | **{pair_ratio:.3f}** "
         f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)}) |",
         "",
-        "Whole-run ratios on 2 shared cores running 8 processes move by a few percent from "
-        "run to run either way; the hot-path share and the A/B blocks are the figures to quote.",
+        "On 2 shared cores running 8 processes, end-to-end ratios move by about +-5% from run "
+        "to run (an A/B run and the next one: 0.998 then 1.061, same code): they bound the "
+        "overhead to a few percent; the in-process figures above resolve it.",
     ])

@@ -269,23 +269,27 @@ class StageTimer:
         Each bucket's interval runs from the hook's call to the completion of its
         collective, so it includes the time spent waiting for the slowest rank.
         """
+        import torch.distributed as dist
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         idx = self.stage_index(name)
         timer = self
 
-        # No annotations: DDP checks them against dist.GradBucket / Future at registration.
+        # DDP's default hook (average = divide, then all-reduce) with the timing in its one
+        # completion callback. No annotations: DDP checks them against dist.GradBucket.
         def timed_allreduce(process_group, bucket):
             if timer.paused:
                 return allreduce_hook(process_group, bucket)
+            group = process_group if process_group is not None else dist.group.WORLD
+            tensor = bucket.buffer()
+            tensor.div_(group.size())
             t0 = timer._mark(None)
-            fut = allreduce_hook(process_group, bucket)
 
-            def done(f: Any) -> Any:
+            def done(f):
                 timer._intervals.append((idx, t0, timer._mark(None)))
-                return f.value()
+                return f.value()[0]
 
-            return fut.then(done)
+            return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(done)
 
         ddp_model.register_comm_hook(None, timed_allreduce)
 
