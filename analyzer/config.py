@@ -31,7 +31,8 @@ class AnalyzerConfig:
     pure transfer time) count as risen at ``floor_change``.
 
     Diagnosis: a hot streak of more than ``transient_max`` iterations is a
-    straggler; a shorter one that ends is a transient stall; an incident
+    straggler; a shorter one that ends, having been ``transient_z`` sigmas of its
+    stage's one-iteration noise out, is a transient stall; an incident
     resolves after ``resolve_after`` iterations without its culprits hot; a
     rank missing for ``silent_after`` iterations is silent. ``event_lookback``
     iterations before onset count for correlating out-of-band events.
@@ -61,6 +62,7 @@ class AnalyzerConfig:
     l2_window: int = 5
 
     transient_max: int = 3
+    transient_z: float = 6.0
     resolve_after: int = 3
     silent_after: int = 2
     event_lookback: int = 5

@@ -15,7 +15,8 @@ Rules (thresholds in :class:`~analyzer.config.AnalyzerConfig`):
   confirmed: a compute straggler (compute stage) or a host stall (host stage);
   ranks confirmed together (close onsets, same class) form one incident;
 - a hot streak of at most ``transient_max`` iterations that ends, having been at
-  least ``abs_ratio`` out, is a transient stall (written already resolved);
+  least ``abs_ratio`` and ``transient_z`` noise sigmas out, is a transient stall
+  (written already resolved);
 - floors risen for more than ``transient_max`` iterations at a stable
   intersection, without compute culprits there, is a link degradation;
 - DP groups (PP stages) hot against their own past: pipeline imbalance;
@@ -69,6 +70,7 @@ class Diagnoser:
         self.streak = np.zeros((n, s), dtype=np.int64)
         self.onset = np.zeros((n, s), dtype=np.int64)
         self.peak = np.ones((n, s))
+        self.peak_z = np.zeros((n, s))
         self.assigned = np.zeros((n, s), dtype=bool)
         self.seen = np.zeros(n, dtype=bool)
         self.missing = np.zeros(n, dtype=np.int64)
@@ -121,10 +123,14 @@ class Diagnoser:
         with np.errstate(invalid="ignore"):
             cur = np.fmax(scores.smooth_ratio, scores.ratio)
         self.peak = np.where(hot & (prev == 0), cur, np.where(hot, np.fmax(self.peak, cur), self.peak))
+        zn = np.nan_to_num(scores.z_now)
+        self.peak_z = np.where(hot & (prev == 0), zn, np.where(hot, np.maximum(self.peak_z, zn), self.peak_z))
 
         # transient stalls: short hot streaks that ended, big enough
         ended = (~hot) & (prev > 0) & (prev <= cfg.transient_max) & ~self.assigned & present[:, None]
-        ended &= self.peak >= cfg.abs_ratio
+        # a stall is big: beyond abs_ratio, and beyond what this stage's noise does in one
+        # iteration (a noisy data loader reaches 1.9x now and then; a JIT stall is seconds)
+        ended &= (self.peak >= cfg.abs_ratio) & (self.peak_z >= cfg.transient_z)
         if ended.any():
             for inc in self._new_rank_incidents(ended, "transient", iteration, time_ms, win, scores):
                 inc.status = "resolved"

@@ -42,6 +42,7 @@ class RankScores:
     rel: np.ndarray          # smoothed log ratio minus the rank's own baseline
     z: np.ndarray            # rel in robust sigmas of this stage across ranks
     hot: np.ndarray          # bool: slow beyond the thresholds (cause stages only)
+    z_now: np.ndarray        # this iteration alone: log ratio over own baseline, in this stage's sigmas
 
 
 def peer_kind(topo: Topology) -> str:
@@ -111,10 +112,12 @@ class RankScorer:
             hot_now = (rel_now > np.log(cfg.spike_ratio)) & (rel_now > cfg.z * sig_now)
             # smoothed evidence counts only while this iteration is still out too, so a
             # streak ends the iteration the rank recovers (transient stalls keep their length)
-            still = rel_now > 0.5 * np.log1p(cfg.min_change)
+            # (out by the change floor and by twice this stage's iteration-to-iteration noise)
+            still = rel_now > np.maximum(np.log1p(cfg.min_change), 2 * sig_now)
         hot = (((hot_smooth | hot_abs) & still) | hot_now) & present[:, None] & self.cause[None, :]
         # learn only from what looks normal now (comm stages learn too: their ratio is evidence)
         self.baseline.update(lr_s, learn=~(hot_smooth | hot_abs | hot_now) & present[:, None])
         with np.errstate(all="ignore"):
             z = rel / sig
-        return RankScores(ratio=ratio, smooth_ratio=np.exp(lr_s), rel=rel, z=z, hot=hot)
+            z_now = rel_now / sig_now
+        return RankScores(ratio=ratio, smooth_ratio=np.exp(lr_s), rel=rel, z=z, hot=hot, z_now=z_now)
