@@ -153,7 +153,7 @@ def _step_detector(n: int, refresh: int | None = None) -> StepDetector:
     return det
 
 
-def _ours_all(x: np.ndarray, refresh: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+def _ours_all(x: np.ndarray, refresh: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
     """Our L1 step detector over every series at once: (onsets, alarm times) per series."""
     det = _step_detector(x.shape[1], refresh)
     locs: list[list[int]] = [[] for _ in range(x.shape[1])]
@@ -169,7 +169,7 @@ def _ours_all(x: np.ndarray, refresh: int = 1) -> tuple[list[list[int]], list[li
     return locs, times
 
 
-def _ours_timed(x: np.ndarray, refresh: int = 1) -> int:
+def _ours_timed(x: np.ndarray, refresh: int | None = None) -> int:
     det = _step_detector(x.shape[1], refresh)
     n = 0
     for i in range(x.shape[0]):
