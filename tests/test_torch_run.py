@@ -88,10 +88,20 @@ def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
     assert first["stage"] == "mlp" and first["job"] == cfg.job
     assert first["nodes"] == [SLOW_RANK // cfg.gpus_per_node]
     assert SLOW_FROM <= first["onset_iteration"] < ITERATIONS  # not before the fault began
-    # rank 5 is the straggler: any other rank flagged (a healthy rank preempted for a
-    # few iterations by other work on a loaded machine) stands out less
-    others = [i for i in stragglers if SLOW_RANK not in i["ranks"]]
-    assert all(i["ratio"] < first["ratio"] for i in others), others
+    # rank 5 is THE straggler: a healthy rank the OS scheduler preempts for a few
+    # iterations (8 processes on 2 cores) may be flagged in a ~1 ms stage, but the time
+    # it loses is small against rank 5's
+    df = store.read_stage_latency(cfg.job)
+
+    def excess_ms(rank: int, stage: str, onset: int) -> float:
+        after = df[df["iteration"] >= onset].pivot(index="iteration", columns="rank", values=stage)
+        return float((after[rank] - after.median(axis=1)).median())
+
+    lost = excess_ms(SLOW_RANK, "mlp", first["onset_iteration"])
+    assert lost > 50
+    for other in (i for i in stragglers if SLOW_RANK not in i["ranks"]):
+        for r in other["ranks"]:
+            assert excess_ms(r, other["stage"], other["onset_iteration"]) < 0.25 * lost, other
 
 
 def test_torch_demo_command(tmp_path, capsys):
