@@ -178,7 +178,12 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
             from collector.writer import open_writer
 
             coords, _ = detect(cfg.topology, job=cfg.job)
-            writer = open_writer(cfg.store, cfg.bucket)
+            for turn in range(cfg.world):
+                # one rank after the other: an embedded store's first open switches the
+                # SQLite file to WAL, which fails with "database is locked" when raced
+                if turn == rank:
+                    writer = open_writer(cfg.store, cfg.bucket)
+                dist.barrier()
             timer = StageTimer(coords, sink=writer.put)
             timer.time_module(model.attention, "attention")
             timer.time_module(model.mlp, "mlp")
