@@ -32,7 +32,9 @@ class AnalyzerConfig:
 
     Diagnosis: a hot streak of more than ``transient_max`` iterations is a
     straggler; a shorter one that ends, having been ``transient_z`` sigmas of its
-    stage's one-iteration noise out, is a transient stall; an incident
+    stage's one-iteration noise out, is a transient stall (8: a 12,960-rank job
+    draws millions of cells per hour, whose largest normal deviate is ~5.5 sigma;
+    a JIT stall of 4x is 20+ sigma of compute noise); an incident
     resolves after ``resolve_after`` iterations without its culprits hot; a
     rank missing for ``silent_after`` iterations is silent. ``event_lookback``
     iterations before onset count for correlating out-of-band events.
@@ -62,7 +64,7 @@ class AnalyzerConfig:
     l2_window: int = 5
 
     transient_max: int = 3
-    transient_z: float = 6.0
+    transient_z: float = 8.0
     resolve_after: int = 3
     silent_after: int = 2
     event_lookback: int = 5

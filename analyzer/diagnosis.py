@@ -57,6 +57,20 @@ class _Episode:
     onset: int
     onset_ms: int
     streak: int = 1
+    hits: dict[int, int] | None = None
+
+    def count(self, ranks: np.ndarray) -> None:
+        """Tally the ranks implicated this iteration."""
+        if self.hits is None:
+            self.hits = {}
+        for r in ranks.tolist():
+            self.hits[r] = self.hits.get(r, 0) + 1
+
+    def steady(self) -> np.ndarray:
+        """Ranks implicated in at least half of the episode's iterations."""
+        if not self.hits:
+            return self.ranks
+        return np.array(sorted(r for r, n in self.hits.items() if n * 2 >= self.streak), dtype=np.int64)
 
 
 class Diagnoser:
@@ -316,19 +330,21 @@ class Diagnoser:
             self.link = None
             return []
         ep = self.link
-        if ep is not None and _jaccard(ep.ranks, culprits) >= 0.5:
+        if ep is not None and _overlap(ep.ranks, culprits) >= 0.5:
             ep.streak += 1
-            # what stays risen iteration after iteration is the culprit; chance risers drop out
-            both = np.intersect1d(ep.ranks, culprits)
-            ep.ranks = both if len(both) else culprits
+            ep.count(culprits)
+            # what stays risen in most iterations is the culprit; chance risers drop out
+            steady = ep.steady()
+            ep.ranks = steady if len(steady) else culprits
             ep.ratio = max(ep.ratio, ratio)
             ep.stage = stage or ep.stage
         else:
             self.link = ep = _Episode(culprits, stage, ratio, iteration, time_ms)
+            ep.count(culprits)
         if ep.streak != self.cfg.transient_max + 1:
             return []
         for inc in self.open_incidents():
-            if inc.cls == "link_degradation" and _jaccard(np.asarray(inc.ranks), ep.ranks) >= 0.5:
+            if inc.cls == "link_degradation" and _overlap(np.asarray(inc.ranks), ep.ranks) >= 0.5:
                 return []
         inc = Incident(id=incident_id("link_degradation", ep.onset, ep.ranks), job=self.job,
                        cls="link_degradation", ranks=ep.ranks.tolist(),
@@ -439,7 +455,7 @@ class Diagnoser:
                 if not rep.any():
                     active = True
             elif inc.cls == "link_degradation":
-                active = self.link is not None and _jaccard(self.link.ranks, ranks) >= 0.5
+                active = self.link is not None and _overlap(self.link.ranks, ranks) >= 0.5
             elif inc.cls == "pipeline_imbalance":
                 active = self.balance is not None
             elif inc.cls == "silent_rank":
@@ -505,6 +521,13 @@ def _distance(ranks: np.ndarray, others: np.ndarray) -> np.ndarray:
     lo = np.abs(ranks - o[np.maximum(i - 1, 0)])
     hi = np.abs(ranks - o[i])
     return np.minimum(lo, hi)
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """Share of the smaller set that the two have in common (the overlap coefficient)."""
+    if not len(a) or not len(b):
+        return 0.0
+    return len(np.intersect1d(a, b)) / min(len(a), len(b))
 
 
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:

@@ -61,6 +61,7 @@ class RankScorer:
         self.cause = np.array([st.kind in ("compute", "host") for st in stages])
         self.baseline = Baseline((n, s), alpha=self.cfg.baseline_alpha, warmup=self.cfg.baseline_warmup)
         self.hist = np.full((self.cfg.smooth, n, s), np.nan)
+        self.prev_hot = np.zeros((n, s), dtype=bool)
         self.t = 0
         self._kinds = sorted(set(self.ref_kind))
 
@@ -112,11 +113,21 @@ class RankScorer:
             hot_now = (rel_now > np.log(cfg.spike_ratio)) & (rel_now > cfg.z * sig_now)
             # smoothed evidence counts only while this iteration is still out too, so a
             # streak ends the iteration the rank recovers (transient stalls keep their length)
-            # (out by the change floor and by twice this stage's iteration-to-iteration noise)
-            still = rel_now > np.maximum(np.log1p(cfg.min_change), 2 * sig_now)
-        hot = (((hot_smooth | hot_abs) & still) | hot_now) & present[:, None] & self.cause[None, :]
-        # learn only from what looks normal now (comm stages learn too: their ratio is evidence)
-        self.baseline.update(lr_s, learn=~(hot_smooth | hot_abs | hot_now) & present[:, None])
+            # (out by half the change floor and by twice this stage's iteration-to-iteration noise)
+            still = rel_now > np.maximum(0.5 * np.log1p(cfg.min_change), 2 * sig_now)
+            # hysteresis: a cell already hot stays hot down to half the thresholds, so a
+            # straggler just above the floor does not flicker in and out
+            hot_cont = self.prev_hot & (rel > 0.5 * np.log1p(cfg.min_change)) & (rel > 0.5 * cfg.z * sig)
+            # and the baseline learns only what is clearly normal, so a slowdown near the
+            # threshold is not absorbed into "normal" bit by bit
+            calm = rel < 0.5 * np.log1p(cfg.min_change)
+        hot = (((hot_smooth | hot_abs | hot_cont) & still) | hot_now) & present[:, None] & self.cause[None, :]
+        self.prev_hot = hot
+        # (comm stages learn too: their ratio is evidence)
+        # (until a cell's baseline is trusted it learns whatever is not hot: a GPU that has
+        # always been a little slow must become its own normal first)
+        learn = ~(hot_smooth | hot_abs | hot_now | hot) & (calm | ~self.baseline.trusted()) & present[:, None]
+        self.baseline.update(lr_s, learn=learn)
         with np.errstate(all="ignore"):
             z = rel / sig
             z_now = rel_now / sig_now
