@@ -3,18 +3,11 @@
 import numpy as np
 import pytest
 
+from analyzer.accuracy import EXPECTED_CLASS
 from analyzer.cycle import run_once
 from collector.scenario import load_scenario
 from collector.simulator import simulate
 
-EXPECTED_CLASS = {
-    "compute_slowdown": "compute_straggler",
-    "link_degradation": "link_degradation",
-    "stage_imbalance": "pipeline_imbalance",
-    "transient_stall": "transient_stall",
-    "host_stall": "host_stall",
-    "silent_rank": "silent_rank",
-}
 START = 1_750_000_000_000
 
 
