@@ -26,7 +26,8 @@ class AnalyzerConfig:
     *hot* when its ratio to the group median stands ``min_change`` above its own
     baseline (smoothed over ``smooth`` iterations) or ``abs_ratio`` above the
     group whatever its past, or ``spike_ratio`` in a single iteration, each also
-    ``z`` robust sigmas out. ``cv_threshold`` marks a group anomalous (IL-0477's
+    ``z`` robust sigmas out, and losing at least ``min_excess_ms`` against the peers
+    (so a tiny kernel inflated by the OS scheduler is not a straggler). ``cv_threshold`` marks a group anomalous (IL-0477's
     EP group had CV ~0.9 in mlp). Collective floors (the group's minimum: the
     pure transfer time) count as risen at ``floor_change``.
 
@@ -50,6 +51,7 @@ class AnalyzerConfig:
 
     smooth: int = 3
     reference_quantile: float = 0.25
+    min_excess_ms: float = 1.0
     min_change: float = 0.15
     abs_ratio: float = 1.5
     spike_ratio: float = 2.0

@@ -121,7 +121,11 @@ class RankScorer:
             # and the baseline learns only what is clearly normal, so a slowdown near the
             # threshold is not absorbed into "normal" bit by bit
             calm = rel < 0.5 * np.log1p(cfg.min_change)
-        hot = (((hot_smooth | hot_abs | hot_cont) & still) | hot_now) & present[:, None] & self.cause[None, :]
+            # material: the time lost must matter (a 1 ms kernel inflated tenfold by the
+            # OS scheduler is not a fail-slow; a 40 ms mlp at 1.2x is)
+            material = (values - values / ratio) >= cfg.min_excess_ms
+        hot = ((((hot_smooth | hot_abs | hot_cont) & still) | hot_now) & material
+               & present[:, None] & self.cause[None, :])
         self.prev_hot = hot
         # (comm stages learn too: their ratio is evidence)
         # (until a cell's baseline is trusted it learns whatever is not hot: a GPU that has
