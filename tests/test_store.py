@@ -190,3 +190,37 @@ def test_v1_write_fails_cleanly_when_server_down():
     with pytest.raises(StoreError, match="unreachable"):
         store.write_stage_latency(_iteration_frame(topo))
     json.dumps({})  # keep json import used for future debugging helpers
+
+
+def _writer_process(path, job, rank):
+    import numpy as np
+
+    from rankscope.frames import cube_to_frame
+    from rankscope.store import EmbeddedStore
+    from rankscope.topology import Topology
+
+    topo = Topology(tp=1, pp=1, dp=4, gpus_per_node=2)
+    store = EmbeddedStore(path)
+    for it in range(20):
+        v = np.full((1, len(STAGES)), float(rank + 1))
+        store.write_stage_latency(cube_to_frame(job, topo, it, 1000 + it, v, STAGES, v.sum(1), ranks=[rank]))
+    store.close()
+
+
+def test_embedded_store_takes_writes_from_several_processes(tmp_path):
+    """The ranks of one job may share an embedded store file: first opens and first writes race."""
+    import multiprocessing as mp
+
+    from rankscope.store import EmbeddedStore
+
+    path = str(tmp_path / "shared.db")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer_process, args=(path, "mp", r)) for r in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    df = EmbeddedStore(path).read_stage_latency("mp")
+    assert len(df) == 80
+    assert sorted(df.groupby("rank")["mlp"].first().tolist()) == [1.0, 2.0, 3.0, 4.0]

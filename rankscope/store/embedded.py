@@ -37,7 +37,11 @@ class EmbeddedStore(Store):
             except OSError as exc:
                 raise StoreError(f"cannot create the folder of the embedded store {self.path}: {exc}") from exc
         try:
-            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            # several processes (the ranks of one job) may open and write the same file:
+            # wait for each other's locks instead of failing
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
+                                       timeout=60)
+            self._db.execute("PRAGMA busy_timeout=60000")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
@@ -71,7 +75,11 @@ class EmbeddedStore(Store):
                 continue
             kind = frame[c].to_numpy().dtype.kind
             sqltype = "TEXT" if c in tags else {"f": "REAL", "i": "INTEGER", "u": "INTEGER", "b": "INTEGER"}.get(kind, "TEXT")
-            self._db.execute(f"ALTER TABLE {table} ADD COLUMN {_ident(c)} {sqltype}")
+            try:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {_ident(c)} {sqltype}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):   # another process added it first
+                    raise
             cols[c] = sqltype
             if c == "job":
                 self._db.execute(f"CREATE INDEX IF NOT EXISTS {_ident(f'{self.bucket}/{measurement}/job_time')} "
@@ -103,15 +111,20 @@ class EmbeddedStore(Store):
         sql = (f"INSERT INTO {self._table(measurement)} ({','.join(_ident(c) for c in columns)}) "
                f"VALUES ({placeholders}) ON CONFLICT(time, {_SERIES}) DO UPDATE SET {updates}")
         with self._lock:
-            try:
-                self._ensure_table(measurement, frame, tags, fields)
-                self._db.execute("BEGIN")
-                self._db.executemany(sql, rows)
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise StoreError(f"embedded store {self.path}: write of {measurement} failed: {exc}") from exc
+            for attempt in (0, 1):
+                try:
+                    self._ensure_table(measurement, frame, tags, fields)
+                    self._db.execute("BEGIN")
+                    self._db.executemany(sql, rows)
+                    self._db.execute("COMMIT")
+                    break
+                except sqlite3.Error as exc:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    # another process changed the table under us: re-read its columns once
+                    self._columns.pop(measurement, None)
+                    if attempt:
+                        raise StoreError(f"embedded store {self.path}: write of {measurement} failed: {exc}") from exc
 
     def read(self, measurement, job=None, start_ms=None, end_ms=None, where=None) -> pd.DataFrame:
         with self._lock:
