@@ -96,8 +96,8 @@ def robust_sigma(x: np.ndarray, axis: int = 0) -> np.ndarray:
 
 
 #: Rows used to estimate a noise scale across ranks: a fixed, evenly spread
-#: sample is as good as all 12,960 for a MAD and costs a tenth.
-SIGMA_SAMPLE = 2048
+#: sample of 1,024 estimates a MAD within a few percent and costs a twelfth of 12,960.
+SIGMA_SAMPLE = 1024
 
 
 def sampled_sigma(x: np.ndarray) -> np.ndarray:
