@@ -20,13 +20,20 @@ from __future__ import annotations
 import numpy as np
 
 
+#: Axes up to this long take the sort path (measured: 12,960 x 20 sorts in 1.4 ms,
+#: ``np.median`` takes 5.7 ms).
+SHORT_AXIS = 64
+
+
 def nanmedian(a: np.ndarray, axis: int = 0, keepdims: bool = False) -> np.ndarray:
     """Median along ``axis`` ignoring NaN; NaN where a slice has no value."""
     a = np.asarray(a, dtype=float)
     nan = np.isnan(a)
-    if not nan.any():
+    if not nan.any() and a.shape[axis] > SHORT_AXIS:
         return np.median(a, axis=axis, keepdims=keepdims)
-    s = np.sort(a, axis=axis)                      # NaN last
+    # short axes (a 20-iteration history, a 32-rank EP group): sorting is ~4x faster than
+    # numpy's partition-based median; NaN sorts last either way
+    s = np.sort(a, axis=axis)
     n = (~nan).sum(axis=axis, keepdims=True)
     lo = np.clip((n - 1) // 2, 0, None)
     hi = np.clip(n // 2, 0, None)
