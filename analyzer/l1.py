@@ -68,7 +68,7 @@ class L1Monitor:
                   min_change=cfg.l1_min_change)
         self.job_step = StepDetector(1, persist=cfg.l1_persist, **kw)
         self.job_spike = SpikeDetector(1, max_len=cfg.l1_spike_max, **kw)
-        self.rank_step = StepDetector(world, persist=cfg.l1_persist, refresh_every=4, **kw)
+        self.rank_step = StepDetector(world, persist=cfg.l1_persist, refresh_every=8, **kw)
         self.iterations: list[int] = []
         self.times: list[int] = []
         self.open_steps: list[ChangePoint] = []

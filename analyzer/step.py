@@ -21,7 +21,8 @@ min_change: relative change a value must exceed whatever the noise (default 0.10
     the iteration time of a healthy synchronous job varies by a few percent).
 persist: out values in a row that confirm a step (default 2).
 refresh_every: recompute the reference median/MAD after this many updates
-    (default 1; the per-rank monitor of 12,960 series uses 4).
+    (default 1; the per-rank monitor of 12,960 series uses 8: excursions never
+    enter the reference, so a reference a few iterations old judges them the same).
 
 The method is the windowed mean-shift test of Basseville and Nikiforov,
 "Detection of Abrupt Changes: Theory and Application" (Prentice Hall, 1993),
