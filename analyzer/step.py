@@ -97,6 +97,17 @@ class StepDetector:
         self.back_start = np.zeros(n, dtype=np.int64)
         self.last: StepUpdate | None = None
 
+    def _quiet_update(self) -> StepUpdate:
+        """The result of an update in which nothing happened (shared, read-only arrays)."""
+        if getattr(self, "_quiet", None) is None:
+            no = np.zeros(self.n, dtype=bool)
+            minus = np.full(self.n, -1, dtype=np.int64)
+            nan = np.full(self.n, np.nan)
+            for a in (no, minus, nan):
+                a.setflags(write=False)
+            self._quiet = StepUpdate(no, minus, nan, nan, no, minus, no)
+        return self._quiet
+
     def band(self) -> tuple[np.ndarray, np.ndarray]:
         """Reference median and half-width of the band, in log units."""
         med, scale = self.ref.stats()
@@ -113,6 +124,12 @@ class StepDetector:
         armed = valid & (self.ref.filled() >= self.min_history) & np.isfinite(med)
         dev = y - med
         out = armed & (np.abs(dev) > half)
+        if not out.any() and not self.shifted.any() and not self.run_len.any():
+            # the common case, every series inside its band: only the reference moves
+            self.ref.accept(y, valid)
+            self.t += 1
+            self.last = self._quiet_update()
+            return self.last
         sign = np.sign(np.nan_to_num(dev)).astype(np.int8)
 
         # runs of out values on one side
