@@ -124,8 +124,15 @@ class StepDetector:
         armed = valid & (self.ref.filled() >= self.min_history) & np.isfinite(med)
         dev = y - med
         out = armed & (np.abs(dev) > half)
-        if not out.any() and not self.shifted.any() and not self.run_len.any():
-            # the common case, every series inside its band: only the reference moves
+        if self.shifted.any():
+            with np.errstate(invalid="ignore"):
+                near_any = (self.shifted & valid
+                            & (np.abs(y - self.old_level) <= np.log1p(self.min_change))).any()
+        else:
+            near_any = False
+        if not (out.any() or self.run_len.any() or self.back_len.any() or near_any):
+            # the common case, every series inside its band and none on its way back
+            # to a level it left: only the reference moves
             self.ref.accept(y, valid)
             self.t += 1
             self.last = self._quiet_update()
