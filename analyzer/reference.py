@@ -16,6 +16,8 @@ from analyzer.fast_median import nanmedian
 
 #: MAD to standard deviation for normal data.
 MAD_TO_SIGMA = 1.4826
+#: Interquartile range to standard deviation for normal data.
+IQR_TO_SIGMA = 1.349
 
 
 class RollingReference:
@@ -65,16 +67,21 @@ class RollingReference:
                 self.accept(row, mask)
 
     def stats(self) -> tuple[np.ndarray, np.ndarray]:
-        """Median and robust standard deviation (MAD x 1.4826) of each series' history.
+        """Median and robust standard deviation of each series' history.
 
-        Recomputed after every ``refresh_every`` accepts (1: always) or any reset:
-        for thousands of rank series a reference a few iterations old is as good
-        and costs a fraction.
+        One sort of the buffer gives the median and the quartiles; the scale is the
+        interquartile range / 1.349 (the normal sigma, like MAD x 1.4826, at half the
+        cost: no second pass). Recomputed after every ``refresh_every`` accepts (1:
+        always) or any reset: for thousands of rank series a reference a few
+        iterations old is as good and costs a fraction.
         """
         if self._cache is None:
+            s = np.sort(self.buf, axis=0)                       # NaN last
+            n = np.sum(np.isfinite(self.buf), axis=0)
             with np.errstate(all="ignore"):
-                med = _nanmedian0(self.buf)
-                self._cache = (med, MAD_TO_SIGMA * _nanmedian0(np.abs(self.buf - med)))
+                med = _quantile_sorted(s, n, 0.5)
+                iqr = _quantile_sorted(s, n, 0.75) - _quantile_sorted(s, n, 0.25)
+            self._cache = (med, iqr / IQR_TO_SIGMA)
             self._since = 0
         return self._cache
 
@@ -96,3 +103,13 @@ def _nanmedian0(a: np.ndarray) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return nanmedian(a, axis=0)
+
+
+def _quantile_sorted(s: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
+    """Quantile ``q`` of each column of a column-sorted array with ``n`` valid (leading) values."""
+    pos = q * np.maximum(n - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
+    cols = np.arange(s.shape[1])
+    v = s[lo, cols] * (1 - (pos - lo)) + s[hi, cols] * (pos - lo)
+    return np.where(n > 0, v, np.nan)
