@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.fast_median import nanmedian
-
-#: MAD to standard deviation for normal data.
-MAD_TO_SIGMA = 1.4826
 #: Interquartile range to standard deviation for normal data.
 IQR_TO_SIGMA = 1.349
 
@@ -94,15 +90,6 @@ class RollingReference:
 
     def filled(self) -> np.ndarray:
         return np.minimum(self.count, self.window)
-
-
-def _nanmedian0(a: np.ndarray) -> np.ndarray:
-    """``np.nanmedian(a, axis=0)`` without the all-NaN warning (gives NaN there)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return nanmedian(a, axis=0)
 
 
 def _quantile_sorted(s: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
