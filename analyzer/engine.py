@@ -95,7 +95,7 @@ class JobAnalyzer:
         """``l2_group`` and ``l2_rank`` points for the latest window."""
         if self.last_scores is None or not len(self.window):
             return pd.DataFrame(), pd.DataFrame()
-        med = window_medians(self.window.values[self.window.last(self.cfg.l2_window)])
+        med = window_medians(self.window.recent(self.cfg.l2_window))
         g = l2_group_frame(self.job, self.topo, self.stages, med, self.last_time_ms, self.cfg)
         r = l2_rank_frame(self.job, self.topo, self.stages, med, self.last_scores, self.ranks.ref_kind,
                           self.last_time_ms, self.cfg)

@@ -37,6 +37,12 @@ class Window:
             self._stack = np.stack(list(self._values)) if self._values else np.empty((0, 0, 0))
         return self._stack
 
+    def recent(self, n: int) -> np.ndarray:
+        """``[min(n, T), R, S]``: the last ``n`` iterations only (cheaper than ``values``)."""
+        if self._stack is not None:
+            return self._stack[-n:]
+        return np.stack(list(self._values)[-n:]) if self._values else np.empty((0, 0, 0))
+
     @property
     def iterations(self) -> np.ndarray:
         return np.array(self._iters, dtype=np.int64)
