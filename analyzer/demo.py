@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -72,9 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def summary(ja, incidents) -> str:
     """What L1 saw, what L2 localised, the verdict, and the events' verdicts, in words."""
     lines = []
-    steps = []
-    if ja is not None:
-        steps = [c for c in ja.l1.open_steps] or []
+    steps = ja.l1.open_steps if ja is not None else []
     l1 = next((i.evidence.get("l1") for i in incidents if i.evidence.get("l1")), None)
     if l1:
         lines.append(f"L1 (iteration time): a step at iteration {l1['iteration']}: "
@@ -99,6 +96,3 @@ def summary(ja, incidents) -> str:
             lines.append(f"Event '{e.name}' on node {e.node}: {e.verdict.upper()} - {e.reason}.")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    sys.exit(0)
