@@ -46,7 +46,9 @@ import numpy as np
 import pandas as pd
 
 from collector.model_params import ModelParams
+from collector.progress import Progress
 from collector.scenario import Fault, Scenario
+from collector.stage_writer import StageLatencyWriter
 from collector.truth import Truth
 from rankscope.frames import cube_to_frame
 from rankscope.schema import DEFAULT_STAGES, SchemaError, StageSet
@@ -316,9 +318,6 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
     is simulated twice: once to learn its length). ``live``: each iteration is
     written when its simulated time (divided by ``speed``) has passed, stamped now.
     """
-    from collector.progress import Progress
-    from collector.stage_writer import StageLatencyWriter
-
     if iterations is not None:
         scenario = scenario.with_overrides(iterations=iterations)
     if not (isinstance(speed, (int, float)) and np.isfinite(speed) and speed > 0):

@@ -11,15 +11,18 @@ rounded to 1 us on both paths, so both stores hold the same numbers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from collector.scenario import EventSpec
-from collector.simulator import ClusterSimulator, IterationResult
 from rankscope import schema
 from rankscope.lineprotocol import encode_lines, encode_prefixes
 from rankscope.store import InfluxStore, Store
+
+if TYPE_CHECKING:  # the simulator uses this writer; the writer only needs its types
+    from collector.simulator import ClusterSimulator, IterationResult
 
 
 class StageLatencyWriter:
