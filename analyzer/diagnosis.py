@@ -28,6 +28,7 @@ State lives in the object; :meth:`Diagnoser.update` is fed once per iteration.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,7 +261,8 @@ class Diagnoser:
                 loc_kind, loc_ranks = kind, members
                 break
         g = vals[:, loc_ranks]
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # iterations where the group is silent
             loc_cv = float(np.nanmedian(np.nanstd(g, axis=1) / np.nanmean(g, axis=1)))
         inc.group_type, inc.group_ranks = loc_kind, loc_ranks.tolist()
         # collectives: culprits short (arrived last), their group-mates long (waiting)
