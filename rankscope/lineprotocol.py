@@ -107,14 +107,26 @@ def encode_prefixes(measurement: str, tags: pd.DataFrame) -> np.ndarray:
     return prefix
 
 
-def _join_rows(pieces: list[np.ndarray | str], n: int) -> np.ndarray:
-    """Concatenate per-row pieces (arrays of n strings, or constants) into n strings."""
-    matrix = np.empty((n, len(pieces) + 1), dtype=object)
-    for j, piece in enumerate(pieces):
+def _join_body(pieces: list[np.ndarray | str], n: int) -> str:
+    """Concatenate per-row pieces (arrays of n strings, or constants) into n newline-separated
+    lines, with one C-level join over all pieces (neighbouring constants folded first)."""
+    merged: list[np.ndarray | str] = []
+    for piece in pieces:
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    matrix = np.empty((n, len(merged) + 1), dtype=object)
+    for j, piece in enumerate(merged):
         matrix[:, j] = piece
     matrix[:, -1] = "\n"
     matrix[-1, -1] = ""
-    return np.array("".join(matrix.ravel().tolist()).split("\n"), dtype=object)
+    return "".join(matrix.ravel().tolist())
+
+
+def _join_rows(pieces: list[np.ndarray | str], n: int) -> np.ndarray:
+    """:func:`_join_body` as an array of the n strings."""
+    return np.array(_join_body(pieces, n).split("\n"), dtype=object)
 
 
 #: Decimal places of the fixed-point fast path: durations in ms at 1 us resolution.
@@ -240,19 +252,7 @@ def encode_body(
             pieces.append((" " if i == 0 else ",") + escape_key(str(key), "field key") + "=")
             pieces.extend(_value_pieces(np.asarray(col)))
         pieces += [" ", ts]
-    merged: list[np.ndarray | str] = []
-    for piece in pieces:  # fold neighbouring constant strings into one
-        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
-            merged[-1] += piece
-        else:
-            merged.append(piece)
-    pieces = merged
-    matrix = np.empty((n, len(pieces) + 1), dtype=object)
-    for j, piece in enumerate(pieces):
-        matrix[:, j] = piece
-    matrix[:, -1] = "\n"
-    matrix[-1, -1] = ""
-    return "".join(matrix.ravel().tolist())
+    return _join_body(pieces, n)
 
 
 def encode_frame(
