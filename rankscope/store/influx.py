@@ -232,31 +232,37 @@ class InfluxStore(Store):
             raise
         return normalise_frame(df)
 
-    def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
-        m = quote_ident(measurement)
-        w = self._where(job, None, None, None)
-        last = self.query_raw(f"SELECT * FROM {m}{w} ORDER BY time DESC LIMIT 1")
-        if not len(last):
-            return []
-        probe = {"rank": str(last["rank"].iloc[0])} if "rank" in last.columns else None
-        df = self.query_raw(f"SELECT * FROM {m}{self._where(job, None, None, probe)} ORDER BY time DESC LIMIT {int(n)}")
-        return sorted({int(t) for t in df["time"]}, reverse=True)
-
-    def next_times(self, measurement: str, job: str, after_ms: int | None, n: int) -> list[int]:
-        """Distinct timestamps after ``after_ms``, read from one probe series (a rank that
-        reports at the end) so the query touches one series, not all 12,960."""
-        m = quote_ident(measurement)
+    def _probe(self, measurement: str, job: str) -> dict[str, str] | None:
+        """The tag filter of one series to read timestamps from: the rank of the job's latest
+        point (it reports at the end), so a timestamp query touches one series, not 12,960.
+        None when the job (or the database) has no point; ``{}`` when points carry no rank."""
         try:
-            last = self.query_raw(f"SELECT * FROM {m}{self._where(job, None, None, None)} ORDER BY time DESC LIMIT 1")
+            last = self.query_raw(f"SELECT * FROM {quote_ident(measurement)}"
+                                  f"{self._where(job, None, None, None)} ORDER BY time DESC LIMIT 1")
         except StoreError as exc:
             if "database not found" in str(exc):
-                return []
+                return None
             raise
         if not len(last):
+            return None
+        return {"rank": str(last["rank"].iloc[0])} if "rank" in last.columns else {}
+
+    def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
+        probe = self._probe(measurement, job)
+        if probe is None:
             return []
-        probe = {"rank": str(last["rank"].iloc[0])} if "rank" in last.columns else None
+        df = self.query_raw(f"SELECT * FROM {quote_ident(measurement)}{self._where(job, None, None, probe)} "
+                            f"ORDER BY time DESC LIMIT {int(n)}")
+        return sorted({int(t) for t in df["time"]}, reverse=True) if len(df) else []
+
+    def next_times(self, measurement: str, job: str, after_ms: int | None, n: int) -> list[int]:
+        """Distinct timestamps after ``after_ms``, oldest first, read from the probe series."""
+        probe = self._probe(measurement, job)
+        if probe is None:
+            return []
         start = None if after_ms is None else int(after_ms) + 1
-        df = self.query_raw(f"SELECT * FROM {m}{self._where(job, start, None, probe)} ORDER BY time ASC LIMIT {int(n)}")
+        df = self.query_raw(f"SELECT * FROM {quote_ident(measurement)}{self._where(job, start, None, probe)} "
+                            f"ORDER BY time ASC LIMIT {int(n)}")
         return sorted({int(t) for t in df["time"]}) if len(df) else []
 
     def jobs(self) -> list[str]:
