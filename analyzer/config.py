@@ -1,14 +1,12 @@
 """Analyzer thresholds, all in one typed record (defaults from IL-0477 and calibration).
 
-Loaded from the ``[analyzer]`` table of a TOML file (``--config``); unknown keys
-are refused by name.
+Loaded from the ``[analyzer]`` table of a TOML file (``--config``, read by
+:func:`analyzer.cli.load_config`); unknown keys are refused by name.
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -79,12 +77,6 @@ class AnalyzerConfig:
                 raise ValueError(f"analyzer setting {f.name} must not be negative, got {v}")
         if self.smooth < 1 or self.l1_persist < 1:
             raise ValueError("smooth and l1_persist must be at least 1")
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> AnalyzerConfig:
-        data = tomllib.loads(Path(path).read_text())
-        table = data.get("analyzer", {})
-        return cls().with_overrides(**table)
 
     def with_overrides(self, **kw) -> AnalyzerConfig:
         known = {f.name: f.type for f in fields(self)}

@@ -494,8 +494,6 @@ class Diagnoser:
             before = [(e.name, e.node, e.verdict) for e in inc.events]
             self._judge_events(inc, win)
             if [(e.name, e.node, e.verdict) for e in inc.events] != before:
-                if inc.evidence.get("summary") is not None:
-                    pass
                 out.append(inc)
         return out
 

@@ -82,13 +82,6 @@ def ratio_to_group(values: np.ndarray, members: np.ndarray, group_ids: np.ndarra
     return _quiet(np.divide, values, med[group_ids])
 
 
-def robust_z(x: np.ndarray, axis: int = 0) -> np.ndarray:
-    """``(x - median) / (1.4826 * MAD)`` along ``axis`` (NaN-aware; 0 where MAD is 0)."""
-    med = _quiet(nanmedian, x, axis=axis, keepdims=True)
-    mad = MAD_TO_SIGMA * _quiet(nanmedian, np.abs(x - med), axis=axis, keepdims=True)
-    return np.where(mad > 0, _quiet(np.divide, x - med, mad), 0.0)
-
-
 def robust_sigma(x: np.ndarray, axis: int = 0) -> np.ndarray:
     """1.4826 * MAD along ``axis`` (NaN-aware)."""
     med = _quiet(nanmedian, x, axis=axis, keepdims=True)

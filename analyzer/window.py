@@ -64,12 +64,6 @@ class Window:
     def before(self, onset: int) -> np.ndarray:
         return self.iterations < onset
 
-    def last(self, n: int) -> np.ndarray:
-        """Mask of the last ``n`` kept iterations."""
-        m = np.zeros(len(self), dtype=bool)
-        m[max(0, len(self) - n):] = True
-        return m
-
     def time_of(self, iteration: int, default: int) -> int:
         """Timestamp of a kept iteration (the nearest later one), else ``default``."""
         it = self.iterations

@@ -40,7 +40,7 @@ class LatencyCube:
 
 def frame_to_cube(df: pd.DataFrame, world: int, stages: list[str] | None = None) -> LatencyCube:
     """Pivot a ``stage_latency`` frame to a cube over all ``world`` ranks (vectorised)."""
-    stages = stages or schema.stage_fields([c for c in df.columns if c in df.columns])
+    stages = stages or schema.stage_fields(df.columns)
     if not len(df):
         empty = np.empty((0, world, len(stages)))
         return LatencyCube(np.empty(0, np.int64), np.empty(0, np.int64), stages, empty, np.empty((0, world)))
