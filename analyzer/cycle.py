@@ -152,9 +152,7 @@ class AnalyzerService:
     def _replay_start(self, job: str) -> int | None:
         """Where a fresh analyzer starts reading: everything, or the last ``history`` iterations
         when the job has been analyzed before (a restart)."""
-        done = self.store.read(schema.L2_GROUP, job, where={"group_type": "dp", "group_id": 0,
-                                                            "stage": DEFAULT_STAGES.names[0]})
-        if not len(done):
+        if not self.store.latest_times(schema.L2_GROUP, job, 1):   # never analyzed
             return None
         times = self.store.latest_times(schema.STAGE_LATENCY, job, self.cfg.history)
         return times[-1] - 1 if times else None
