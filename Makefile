@@ -20,22 +20,26 @@ $(TORCH): $(STAMP)
 	$(PY) -m pip install --quiet torch==2.13.0
 	touch $(TORCH)
 
+# apt_install: install Debian package $(2) unless one of the commands $(1) is on PATH.
+# As root apt-get runs directly, otherwise through sudo; `env` carries DEBIAN_FRONTEND in
+# both cases (a bare `$$SUDO VAR=value cmd` makes the assignment the command when SUDO is
+# empty). tests/test_makefile.py runs these recipes against a stub apt-get.
+define apt_install
+@for c in $(1); do command -v $$c >/dev/null 2>&1 && exit 0; done; \
+echo "$(firstword $(1)) not found: installing Debian's $(2) package"; \
+if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+{ $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; } || { \
+  echo "error: could not install $(2) (apt-get install $(2))$(3)" >&2; exit 1; }
+endef
+
 # The tests talk to a real InfluxDB (Debian's `influxdb` package, v1.6.7).
 influxdb:
-	@command -v influxd >/dev/null 2>&1 || { \
-	  echo "influxd not found: installing Debian's influxdb package"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  { $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq influxdb >/dev/null; } || { \
-	    echo "error: could not install InfluxDB (apt-get install influxdb)."; \
-	    echo "       Install it by hand, or point the suite at a server: RANKSCOPE_TEST_INFLUX_URL=http://host:8086"; exit 1; }; }
+	$(call apt_install,influxd,influxdb,. Install it by hand or point the suite at a server: RANKSCOPE_TEST_INFLUX_URL=http://host:8086)
 
 # The report test opens the incident report in headless Chromium (Debian's `chromium`).
 chromium:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
-	  echo "chromium not found: installing Debian's chromium package"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  { $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || { \
-	    echo "error: could not install Chromium (apt-get install chromium)."; exit 1; }; }
+	$(call apt_install,chromium chromium-browser,chromium)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
