@@ -6,8 +6,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY rankscope ./rankscope
 COPY collector ./collector
+COPY simulator ./simulator
 COPY analyzer ./analyzer
 COPY dashboards ./dashboards
+COPY evaluation ./evaluation
 RUN pip install . && rankscope --version
 
 RUN useradd --create-home --uid 10001 rankscope

@@ -2,7 +2,7 @@
 
 Everything is simulated in memory and fed straight to the analyzer (no
 database), from fixed seeds: every figure, and every failing case listed,
-can be rebuilt with ``analyzer.accuracy.generate_case(seed, ...)``.
+can be rebuilt with ``evaluation.accuracy.generate_case(seed, ...)``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import tomllib
 
 import numpy as np
 
-from analyzer.accuracy import (
+from analyzer.config import AnalyzerConfig
+from evaluation.accuracy import (
     BASE_SIGMAS,
     IL_TOPOLOGY,
     Case,
@@ -28,9 +29,8 @@ from analyzer.accuracy import (
     smallest_factor_at_recall,
     summarize,
 )
-from analyzer.config import AnalyzerConfig
-from analyzer.l1_calibration import L1Setting, false_alarms, grid, healthy_series, step_power
-from collector.scenario import FAULT_KINDS, builtin_scenarios
+from evaluation.l1_calibration import L1Setting, false_alarms, grid, healthy_series, step_power
+from simulator.scenario import FAULT_KINDS, builtin_scenarios
 
 SUITE_SEED = 2026
 SMALL_CASES = 60

@@ -6,11 +6,11 @@ import time
 import uuid
 
 from analyzer.engine import JobAnalyzer
-from collector.scenario import Scenario
-from collector.simulator import ClusterSimulator
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
 from rankscope.store import InfluxStore
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario
 
 SIZES = {
     "12,960 (IL-0477: tp=1 pp=9 dp=1440 ep=32)": {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8},

@@ -25,8 +25,8 @@ import uuid
 
 from collector.coordinates import RankCoordinates
 from collector.stage_timer import StageTimer
-from collector.torch_demo import DemoConfig, run_demo
 from collector.writer import BackgroundWriter
+from evaluation.torch_demo import DemoConfig, run_demo
 from rankscope.store import InfluxStore
 from rankscope.topology import Topology
 
@@ -70,7 +70,7 @@ def _module_hooks(n: int = 400) -> dict[str, float]:
     (on ``attention`` and ``mlp``; timers paused and resumed between iterations)."""
     import torch
 
-    from collector.torch_demo import build_model
+    from evaluation.torch_demo import build_model
 
     torch.set_num_threads(1)
     cfg = DemoConfig()

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.accuracy import BASE_SIGMAS, Case, result_cube
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
 from analyzer.l1 import L1Monitor
 from analyzer.step import StepDetector
-from collector.scenario import Scenario, load_scenario
-from collector.simulator import ClusterSimulator
+from evaluation.accuracy import BASE_SIGMAS, Case, result_cube
 from rankscope.schema import DEFAULT_STAGES
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario, load_scenario
 
 MARGIN = 2
 CP_RUNS = 40
@@ -484,7 +484,7 @@ def _l2(ctx, summary: list[str]) -> list[str]:
             warnings.simplefilter("ignore", RuntimeWarning)
             cur = np.nanmedian(v[onset + 3:onset + 8], axis=0)
             hist = np.nanmin(np.stack([np.nanmedian(v[a:a + 5], axis=0) for a in range(0, onset - 4, 5)]), axis=0)
-        ours = {r for i in ja.diag.incidents for r in i.ranks}
+        ours = {r for i in ja.incidents() for r in i.ranks}
         a_rel, a_ind = flagged(cur, hist, names)
         c_rel, c_ind = flagged(cur[:, compute], hist[:, compute], [names[j] for j in compute])
         sets = {"ours": ours, "all_rel": a_rel, "all_ind": a_ind, "c_rel": c_rel, "c_ind": c_ind}
@@ -584,7 +584,7 @@ def _ours_on_traces(paths: list[Path]) -> list[int]:
     cube = frame_to_cube(pd.concat(frames, ignore_index=True), topo.world, DEFAULT_STAGES.names)
     ja = JobAnalyzer("hta", topo, DEFAULT_STAGES)
     ja.feed(cube)
-    return sorted({r for i in ja.diag.incidents for r in i.ranks})
+    return sorted({r for i in ja.incidents() for r in i.ranks})
 
 
 def _hta_on_traces(folder: Path) -> list[int]:

@@ -13,10 +13,12 @@ import statistics
 import time
 import uuid
 
-from collector.scenario import Scenario, load_scenario
-from collector.simulator import ClusterSimulator, simulate
 from collector.stage_writer import StageLatencyWriter
+
 from rankscope.store import InfluxStore
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario, load_scenario
+from simulator.simulate import simulate
 
 T0 = 1_760_000_000_000
 BIG = {"tp": 1, "pp": 10, "dp": 10_000, "ep": 16, "gpus_per_node": 8}

@@ -26,72 +26,11 @@ from typing import Any
 import pandas as pd
 
 from rankscope import schema
-from rankscope.lineprotocol import encode_prefixes, escape_key
-from rankscope.store.base import RejectedPointsError, Store
-from rankscope.store.influx import InfluxStore
+from rankscope.store import RejectedPointsError, Store, open_store
 
 log = logging.getLogger(__name__)
 
 DROP_EVENT = "collector_dropped_points"
-
-
-class PointEncoder:
-    """``stage_latency`` point dicts -> line protocol, one Python pass per point.
-
-    A rank's tags are the same in every point, so their encoded prefix is built
-    once (by :func:`rankscope.lineprotocol.encode_prefixes`) and reused; the
-    fields are formatted directly (``iteration`` as an integer, everything else
-    as a float with Python's round-trip ``repr``; NaN left out). Far cheaper than
-    a DataFrame per batch for the few points a rank sends per second. Refuses,
-    as :meth:`Store.write_stage_latency` does, points with a non-finite or
-    negative duration.
-    """
-
-    _TAGS = frozenset(schema.RANK_TAGS)
-
-    def __init__(self) -> None:
-        self._prefixes: dict[tuple[Any, ...], str] = {}
-        self._keys: dict[str, str] = {}
-
-    def _prefix(self, point: dict[str, Any]) -> str:
-        tags = tuple((t, point[t]) for t in schema.RANK_TAGS if t in point)
-        prefix = self._prefixes.get(tags)
-        if prefix is None:
-            if "job" not in point or "rank" not in point:
-                raise ValueError("stage_latency points need job and rank tags")
-            frame = pd.DataFrame([{t: v for t, v in tags}])
-            prefix = self._prefixes[tags] = str(encode_prefixes(schema.STAGE_LATENCY, frame)[0])
-        return prefix
-
-    def encode(self, points: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-        """``(lines, reasons)``: the encoded points and why the refused ones were refused."""
-        lines: list[str] = []
-        refused: list[str] = []
-        for p in points:
-            fields = []
-            bad = None
-            for k, v in p.items():
-                if k == "time" or k in self._TAGS:
-                    continue
-                key = self._keys.get(k)
-                if key is None:
-                    key = self._keys[k] = escape_key(k, "field key")
-                if k == schema.ITERATION_FIELD:
-                    fields.append(f"{key}={int(v)}i")
-                    continue
-                x = float(v)
-                if x != x:
-                    continue  # NaN: a missing value
-                if x in (float("inf"), float("-inf")) or x < 0:
-                    bad = f"rank {p.get('rank')}, {k}={x!r}: " + (
-                        "a duration cannot be negative" if x < 0 and x != float("-inf") else "not a finite number")
-                    break
-                fields.append(f"{key}={x!r}")
-            if bad is not None:
-                refused.append(bad)
-            elif fields:
-                lines.append(f"{self._prefix(p)} {','.join(fields)} {int(p['time'])}")
-        return lines, refused
 
 
 @dataclass(frozen=True)
@@ -151,7 +90,6 @@ class BackgroundWriter:
         self._failures = 0
         self._last_error: str | None = None
         self._drop_tags: dict[str, Any] = {}
-        self._encoder = PointEncoder()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -198,16 +136,7 @@ class BackgroundWriter:
         if not batch:
             return None
         try:
-            if isinstance(self.store, InfluxStore):
-                lines, rejected = self._encoder.encode([p for _, p in batch])
-                self.store.write_lines(lines)
-                written = len(lines)
-                if rejected:
-                    self._rejected += len(rejected)
-                    log.warning("rankscope writer: %d point(s) refused: %s", len(rejected),
-                                "; ".join(rejected[:3]))
-            else:
-                written = self.store.write_stage_latency(pd.DataFrame([p for _, p in batch])).written
+            written = self.store.write_stage_latency(pd.DataFrame([p for _, p in batch])).written
         except RejectedPointsError as exc:  # the data's fault: the valid points went in
             self._rejected += len(exc.report.rejected)
             written = exc.report.written
@@ -287,14 +216,4 @@ def open_writer(store: str | None = None, bucket: str | None = None, timeout_s: 
                 **kwargs: Any) -> BackgroundWriter:
     """A writer on the configured store (``--store``/``RANKSCOPE_STORE``, as every command),
     with the store's own retries turned off so the writer's backoff is the only one."""
-    from rankscope.config import store_settings
-    from rankscope.store import EmbeddedStore, InfluxStore
-
-    s = store_settings(store, bucket)
-    if s.is_influx:
-        backend: Store = InfluxStore(s.location, s.bucket, token=s.token, org=s.org,
-                                     username=s.username, password=s.password, api=s.api,
-                                     timeout_s=timeout_s, retries=0)
-    else:
-        backend = EmbeddedStore(s.location, s.bucket)
-    return BackgroundWriter(backend, **kwargs)
+    return BackgroundWriter(open_store(store, bucket, timeout_s=timeout_s, retries=0), **kwargs)

@@ -1,30 +1,24 @@
 """The ``rankscope`` command line.
 
-Each command lives next to what it drives (collector/, analyzer/, dashboards/)
-and registers itself here through a ``register(subparsers)`` function.
+Each command lives next to what it drives (collector/, simulator/, analyzer/,
+dashboards/, evaluation/) and is declared in pyproject.toml as an entry point of
+the group ``rankscope.commands``: ``name = "package.module:register"``, where
+``register(subparsers)`` adds the subcommand. The core finds them through the
+installed package's metadata, so it names no component and imports none.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
 from rankscope import __version__
 from rankscope.config import DEFAULT_BUCKET, DEFAULT_STORE
 
-#: Modules that each add one or more subcommands.
-COMMAND_MODULES = [
-    "rankscope.cli_store",
-    "collector.simulate_cli",
-    "collector.trace_cli",
-    "collector.torch_demo",
-    "dashboards.cli",
-    "dashboards.report",
-    "analyzer.cli",
-    "analyzer.demo",
-]
+#: The entry-point group through which components add their subcommands.
+COMMAND_GROUP = "rankscope.commands"
 
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    commands = sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name)
+    if not commands:
+        raise RuntimeError(f"no rankscope commands are installed (entry points {COMMAND_GROUP!r}); "
+                           f"install the package: pip install -e .")
+    for ep in commands:
+        ep.load()(sub)
     return parser
 
 

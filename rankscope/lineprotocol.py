@@ -11,7 +11,9 @@ parse back identically:
 
 - measurement: ``,`` and space escaped;
 - tag keys, tag values, field keys: ``,``, ``=`` and space escaped;
-- string field values: ``"`` and ``\\`` escaped, inside double quotes.
+- string field values: ``"`` and ``\\`` escaped, inside double quotes; a newline
+  (or carriage return) written as ``\\n`` (``\\r``): line protocol has no way to
+  carry one, and a raw one would end the point.
 
 Backslashes in names and tag values are written as they are, because the
 server does not unescape ``\\\\`` there. Two things line protocol cannot carry
@@ -29,7 +31,7 @@ ints get the ``i`` suffix.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -177,7 +179,10 @@ def _float_pieces(values: np.ndarray) -> list[np.ndarray]:
 
 
 def _value_pieces(values: np.ndarray) -> list[np.ndarray | str]:
-    """Field values of one column as line protocol text pieces (to be concatenated)."""
+    """Field values of one column as line protocol text pieces (to be concatenated).
+
+    Float columns must be finite where they are written (the caller masks the rest out).
+    """
     if values.dtype.kind == "f":
         return list(_float_pieces(values.astype(np.float64, copy=False)))
     if values.dtype.kind in "iu":
@@ -186,7 +191,9 @@ def _value_pieces(values: np.ndarray) -> list[np.ndarray | str]:
         return [np.where(values, "true", "false").astype(object)]
     strs = pd.Series(values, dtype=object).astype(str)
     return [('"' + strs.str.replace("\\", "\\\\", regex=False)
-             .str.replace('"', '\\"', regex=False) + '"').to_numpy(dtype=object)]
+             .str.replace('"', '\\"', regex=False)
+             .str.replace("\n", "\\n", regex=False)
+             .str.replace("\r", "\\r", regex=False) + '"').to_numpy(dtype=object)]
 
 
 def _format_column(values: np.ndarray, key: str) -> np.ndarray:
@@ -202,15 +209,20 @@ def encode_lines(
     fields: Mapping[str, np.ndarray] | pd.DataFrame,
     times: np.ndarray | int,
     present: Mapping[str, np.ndarray] | None = None,
+    nonnegative: Collection[str] = (),
 ) -> list[str]:
-    """Join prefixes, fields and integer timestamps into lines.
+    """Join prefixes, fields and integer timestamps into lines, one per point.
 
     ``fields`` maps field key -> column (float, int, bool or str). ``present``
     optionally maps a field key to a boolean mask of rows that carry it (a
     missing value is left out of that line rather than written as NaN).
     Timestamps are integers in the precision the write will declare.
+
+    Whatever the mask, a float that is written must be finite and a field named
+    in ``nonnegative`` (durations) must not be negative: :class:`LineProtocolError`
+    names the field and the first bad row, and nothing is encoded.
     """
-    return encode_body(prefixes, fields, times, present).split("\n")
+    return encode_body(prefixes, fields, times, present, nonnegative).split("\n")
 
 
 def encode_body(
@@ -218,6 +230,7 @@ def encode_body(
     fields: Mapping[str, np.ndarray] | pd.DataFrame,
     times: np.ndarray | int,
     present: Mapping[str, np.ndarray] | None = None,
+    nonnegative: Collection[str] = (),
 ) -> str:
     """Like :func:`encode_lines`, as one newline-separated string (what a write sends).
 
@@ -234,6 +247,7 @@ def encode_body(
     for key, col in cols:
         if len(col) != n:
             raise ValueError(f"field {key!r} has {len(col)} values for {n} points")
+        _check_values(str(key), np.asarray(col), present.get(key), key in nonnegative)
     t = np.broadcast_to(np.asarray(times, dtype=np.int64), (n,))
     ts = _int_text(t)
     if present:
@@ -255,15 +269,37 @@ def encode_body(
     return _join_body(pieces, n)
 
 
+def _check_values(key: str, col: np.ndarray, mask: np.ndarray | None, nonnegative: bool) -> None:
+    """Refuse values line protocol must not carry: non-finite floats, negative durations."""
+    if col.dtype.kind not in "fiu":
+        return
+    bad = ~np.isfinite(col) if col.dtype.kind == "f" else np.zeros(len(col), dtype=bool)
+    if nonnegative:
+        with np.errstate(invalid="ignore"):
+            bad |= col < 0
+    if mask is not None:
+        bad &= mask
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        what = "negative duration" if nonnegative and np.isfinite(col[row]) else "non-finite value"
+        raise LineProtocolError(f"field {key!r}: {int(bad.sum())} {what}(s), first {col[row].item()!r} at row {row}")
+
+
 def encode_frame(
     measurement: str,
     frame: pd.DataFrame,
     tags: Sequence[str],
     fields: Sequence[str],
     time_col: str = "time",
+    prefixes: np.ndarray | None = None,
+    nonnegative: Collection[str] = (),
 ) -> list[str]:
-    """Encode a frame; NaN float fields are left out of their line."""
-    prefixes = encode_prefixes(measurement, frame[list(tags)])
+    """Encode a frame; NaN float fields are left out of their line.
+
+    ``prefixes``: the rows' encoded tag prefixes when the caller has them cached.
+    """
+    if prefixes is None:
+        prefixes = encode_prefixes(measurement, frame[list(tags)])
     cols: dict[str, np.ndarray] = {}
     present: dict[str, np.ndarray] = {}
     for f in fields:
@@ -277,7 +313,8 @@ def encode_frame(
             if not mask.all():
                 present[f] = mask
         cols[f] = col
-    return encode_lines(prefixes, cols, frame[time_col].to_numpy(dtype=np.int64), present or None)
+    return encode_lines(prefixes, cols, frame[time_col].to_numpy(dtype=np.int64), present or None,
+                        nonnegative)
 
 
 def quote_string(value: str) -> str:

@@ -1,6 +1,6 @@
 """A real InfluxDB database filled with the IL-0477 incident, shared by the dashboard and report tests.
 
-When the simulator (``collector.simulator``) and the analyzer (``analyzer.cycle``)
+When the simulator (``simulator.cluster``) and the analyzer (``analyzer.cycle``)
 are importable, the database is filled by them: 40 iterations of the IL-0477
 scenario, then one analyzer cycle. Until then (or with
 ``RANKSCOPE_TEST_DASHBOARD_DATA=schema``) it is filled with points written
@@ -52,7 +52,7 @@ def pipeline_available() -> bool:
     if os.environ.get("RANKSCOPE_TEST_DASHBOARD_DATA") == "schema":
         return False
     try:
-        for module in ("collector.scenario", "collector.simulator", "analyzer.cycle"):
+        for module in ("simulator.scenario", "simulator.simulate", "analyzer.cycle"):
             importlib.import_module(module)
     except ImportError:
         return False
@@ -64,8 +64,8 @@ def fill(url: str) -> IncidentData:
     store = InfluxStore(url, bucket=db, api="v1")
     start_ms = (int(time.time() * 1000) - 3 * 3600_000) // 60_000 * 60_000
     if pipeline_available():
-        load_scenario = importlib.import_module("collector.scenario").load_scenario
-        simulate = importlib.import_module("collector.simulator").simulate
+        load_scenario = importlib.import_module("simulator.scenario").load_scenario
+        simulate = importlib.import_module("simulator.simulate").simulate
         run_once = importlib.import_module("analyzer.cycle").run_once
         simulate(load_scenario("il-0477").with_overrides(iterations=ITERATIONS), store,
                  start_ms=start_ms, progress=False)

@@ -8,7 +8,7 @@ scoring honest in CI, and the analyzer's recall on them.
 import numpy as np
 import pytest
 
-from analyzer.accuracy import (
+from evaluation.accuracy import (
     EXPECTED_CLASS,
     Case,
     Outcome,
@@ -21,7 +21,7 @@ from analyzer.accuracy import (
     smallest_factor_at_recall,
     summarize,
 )
-from collector.scenario import FAULT_KINDS
+from simulator.scenario import FAULT_KINDS
 
 SMOKE_SEED = 7
 
@@ -101,7 +101,7 @@ def test_tp_lockstep_culprits_are_the_tp_group():
 
 
 def test_l1_calibration_counts_false_alarms_and_power():
-    from analyzer.l1_calibration import L1Setting, false_alarms, step_power
+    from evaluation.l1_calibration import L1Setting, false_alarms, step_power
 
     rng = np.random.default_rng(0)
     x = 30_000 * np.exp(rng.normal(0, 0.01, (200, 3)))

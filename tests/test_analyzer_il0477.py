@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from analyzer.config import AnalyzerConfig
-from analyzer.incidents import load_incidents
-from collector.scenario import load_scenario
-from collector.simulator import simulate
 from rankscope import schema
+from rankscope.incident import load_incidents
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate
 from tests.il0477_store import shared_incident
 
 START = 1_760_000_000_000

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from analyzer.accuracy import EXPECTED_CLASS
 from analyzer.cycle import run_once
-from collector.scenario import load_scenario
-from collector.simulator import simulate
+from evaluation.accuracy import EXPECTED_CLASS
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate
 
 START = 1_750_000_000_000
 

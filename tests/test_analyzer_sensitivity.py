@@ -3,10 +3,10 @@
 import numpy as np
 
 from analyzer.engine import JobAnalyzer
-from collector.scenario import Scenario
-from collector.simulator import ClusterSimulator
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario
 
 IL_TOPOLOGY = {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8}
 

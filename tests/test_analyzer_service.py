@@ -1,14 +1,14 @@
 """The analyzer as a service: restarts, incomplete iterations, failing cycles, the scheduler."""
 
 import logging
-import time
+import threading
 
 from analyzer.cli import build_scheduler, parse_interval, safe_cycle
 from analyzer.cycle import AnalyzerService
-from collector.scenario import load_scenario
-from collector.simulator import ClusterSimulator
 from rankscope import schema
 from rankscope.store import InfluxStore
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import load_scenario
 
 START = 1_770_000_000_000
 
@@ -57,10 +57,22 @@ def test_failed_cycle_is_logged_and_the_next_one_runs(caplog, influx_store):
     dead = InfluxStore("http://127.0.0.1:9", "x", api="v1", retries=0, timeout_s=1)
     svc = AnalyzerService(dead)
     caplog.set_level(logging.ERROR, logger="rankscope.analyze")
-    sched = build_scheduler(svc, 0.5, blocking=False)
+    from apscheduler.events import EVENT_JOB_EXECUTED
+
+    runs: list[bool] = []
+    two = threading.Event()
+
+    def ran(event) -> None:
+        runs.append(event.retval)
+        if len(runs) >= 2:
+            two.set()
+
+    sched = build_scheduler(svc, 0.2, blocking=False)
+    sched.add_listener(ran, EVENT_JOB_EXECUTED)
     sched.start()
-    time.sleep(1.8)
+    assert two.wait(120), "the scheduler did not run a second cycle after a failed one"
     sched.shutdown(wait=True)
+    assert runs[:2] == [False, False]                 # both failed, and the second still ran
     errors = [r for r in caplog.records if "analyzer cycle failed" in r.getMessage()]
     assert len(errors) >= 2                           # it kept going
     assert "unreachable" in errors[0].getMessage()

@@ -103,7 +103,7 @@ def test_dockerfile_installs_every_package_of_the_project():
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
     assert re.search(r"^RUN pip install \.", text, re.M)
-    packages = ("rankscope", "collector", "analyzer", "dashboards")
+    packages = ("rankscope", "collector", "simulator", "analyzer", "dashboards", "evaluation")
     for pkg in packages:
         assert re.search(rf"^COPY {pkg} \./{pkg}$", text, re.M), pkg
     pyproject = (ROOT / "pyproject.toml").read_text()

@@ -11,8 +11,8 @@ import yaml
 from dashboards import provisioning
 from dashboards.alerts import AlertRule, InfluxQuery, Reduce, Threshold
 from dashboards.panels import GRID_COLUMNS, HEATMAP_MAX_ROWS, Layout, rows_heatmap
+from dashboards.provisioning import dump_yaml
 from dashboards.variables import IL0477_TOPOLOGY
-from dashboards.yaml_text import dump_yaml
 from rankscope.cli import main
 
 MODELS = provisioning.dashboard_models()

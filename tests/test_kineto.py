@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from collector.kineto import StagePatterns, TraceError, load_trace, summarise_trace
-from collector.torch_demo import DemoConfig, run_demo
+from evaluation.torch_demo import DemoConfig, run_demo
 from rankscope.cli import main as cli_main
 
 SLOW_RANK, SLOW_FROM = 1, 4

@@ -43,3 +43,21 @@ def test_influxql_string_quoting():
     assert quote_string("a\\b") == r"'a\\b'"
     with pytest.raises(LineProtocolError):
         quote_string("x\ny")
+
+
+def test_prefix_cache_follows_changed_tags_and_repeated_ranks():
+    """Cached prefixes are never stale: a rank whose tags change gets new ones, and a frame
+    with several rows per rank (one per stage) is encoded row by row."""
+    import pandas as pd
+
+    from rankscope.lineprotocol import encode_prefixes
+    from rankscope.store.prefix_cache import PrefixCache
+
+    cache = PrefixCache()
+    first = pd.DataFrame({"job": "j", "rank": [3, 1, 2], "host": ["a", "b", "c"]})
+    assert cache.prefixes("m", first).tolist() == encode_prefixes("m", first).tolist()
+    moved = pd.DataFrame({"job": "j", "rank": [1, 3], "host": ["b", "z"]})   # rank 3 moved host
+    assert cache.prefixes("m", moved).tolist() == ["m,host=b,job=j,rank=1", "m,host=z,job=j,rank=3"]
+    per_stage = pd.DataFrame({"job": "j", "rank": [5, 5], "stage": ["mlp", "dispatch"]})
+    assert cache.prefixes("m", per_stage).tolist() == ["m,job=j,rank=5,stage=mlp",
+                                                        "m,job=j,rank=5,stage=dispatch"]

@@ -75,7 +75,7 @@ def test_report_names_the_culprits_and_links_its_figures(report, il0477):
     assert parse_ranks("10352-10359").tolist() == meta["culprits"]
     for name in meta["figures"].values():
         assert (page.parent / name).stat().st_size > 5_000
-        assert f"src='{name}'" in text
+        assert f'src="{name}"' in text
     assert {"timeline", "heatmap_stage", "heatmap_dp", "stages", "verdicts"} <= set(meta["figures"])
 
 

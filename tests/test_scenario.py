@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from collector.scenario import (
+from simulator.scenario import (
     EventSpec,
     Fault,
     Scenario,

@@ -6,12 +6,13 @@ import time
 import numpy as np
 import pytest
 
-from collector.scenario import Scenario, load_scenario
-from collector.simulator import ClusterSimulator, default_truth_path, simulate
-from collector.truth import Truth
 from rankscope import cli
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES, SchemaError, Stage, StageSet
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario, load_scenario
+from simulator.simulate import default_truth_path, simulate
+from simulator.truth import Truth
 
 T0 = 1_760_000_000_000
 SMALL = {"tp": 1, "pp": 4, "dp": 64, "ep": 16, "gpus_per_node": 8}

@@ -7,10 +7,11 @@ indices of one pipeline stage; rank = pp * 64 + dp.
 import numpy as np
 import pytest
 
-from collector.scenario import Scenario
-from collector.simulator import ClusterSimulator, simulate
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario
+from simulator.simulate import simulate
 
 T0 = 1_760_000_000_000
 TOPO = {"tp": 1, "pp": 4, "dp": 64, "ep": 16, "gpus_per_node": 8}

@@ -10,11 +10,11 @@ import uuid
 import numpy as np
 import pytest
 
-from collector.scenario import load_scenario
-from collector.simulator import simulate
-from collector.truth import Truth
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate
+from simulator.truth import Truth
 
 T0 = 1_760_000_000_000
 ONSET = 3

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from collector.torch_demo import DEMO_STAGES, DemoConfig, run_demo
+from evaluation.torch_demo import DEMO_STAGES, DemoConfig, run_demo
 
 SLOW_RANK, SLOW_FROM, ITERATIONS, WORLD = 5, 15, 40, 8
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -10,7 +11,7 @@ import pytest
 
 from collector.coordinates import RankCoordinates
 from collector.stage_timer import StageTimer
-from collector.writer import DROP_EVENT, BackgroundWriter, PointEncoder, open_writer
+from collector.writer import DROP_EVENT, BackgroundWriter, open_writer
 from rankscope.store import InfluxStore
 from rankscope.topology import Topology
 
@@ -33,16 +34,18 @@ def test_points_arrive_in_the_store(influx_store):
     assert set(df["rank"]) == {3}
 
 
-def test_point_encoder_writes_what_the_frame_path_writes(influx_store, influx_url):
-    """The writer's direct line encoder and Store.write_stage_latency store the same data."""
+def test_the_writer_stores_what_a_direct_frame_write_stores(influx_store, influx_url):
+    """The writer goes through Store.write_stage_latency (one write path): the same rows as a
+    frame written directly, missing values left out, tags escaped."""
     import pandas as pd
 
     points = [point(it, rank=r, mlp=0.001 * it + 1e-7 * r) for it in range(5) for r in (0, 7)]
     points[3]["attention"] = float("nan")  # missing, left out
     points[4]["job"] = "w with, comma=x"  # tag escaping
-    lines, refused = PointEncoder().encode(points)
-    assert refused == [] and len(lines) == len(points)
-    influx_store.write_lines(lines)
+    writer = BackgroundWriter(influx_store, flush_interval_s=0.05, batch_size=3)
+    for p in points:
+        writer.put(p)
+    assert writer.close().written == len(points)
     other = InfluxStore(influx_url, f"test_{uuid.uuid4().hex[:10]}", api="v1")
     try:
         other.write_stage_latency(pd.DataFrame(points))
@@ -53,8 +56,41 @@ def test_point_encoder_writes_what_the_frame_path_writes(influx_store, influx_ur
     finally:
         other.drop_database()
         other.close()
-    _, refused = PointEncoder().encode([point(0, mlp=-5.0), point(1, mlp=float("inf"))])
-    assert len(refused) == 2 and "negative" in refused[0] and "finite" in refused[1]
+
+
+class BlockingStore:
+    """A store whose writes wait until the test releases them (a database that hangs)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def write_stage_latency(self, frame):
+        self.entered.set()
+        assert self.release.wait(60), "the test never released the store"
+        return self.inner.write_stage_latency(frame)
+
+    def write_measurement(self, measurement, frame):
+        return self.inner.write_measurement(measurement, frame)
+
+
+def test_put_never_waits_for_a_hanging_store(influx_store):
+    """While the writer thread is stuck inside a write, put() keeps returning: every put below
+    completes before the store is released (a put that waited would never get there)."""
+    store = BlockingStore(influx_store)
+    writer = BackgroundWriter(store, capacity=20, flush_interval_s=0.01, batch_size=5)
+    writer.put(point(0))
+    assert store.entered.wait(30)            # the writer thread is now inside the hung write
+    for it in range(1, 101):
+        writer.put(point(it))
+    assert not store.release.is_set()        # all 100 puts returned while the store hung
+    held = writer.stats()
+    assert (held.queued, held.dropped) == (20, 101 - 20)   # the bound held, the oldest went
+    store.release.set()
+    stats = writer.close()
+    assert stats.queued == 0 and stats.dropped == held.dropped
+    assert influx_store.read_stage_latency("w")["iteration"].iloc[-1] == 100
 
 
 def test_invalid_values_are_counted_and_the_rest_written(influx_store):
@@ -88,8 +124,8 @@ def test_open_writer_uses_the_configured_store_without_store_retries(influx_url)
 
 
 def test_outage_buffers_within_the_bound_drops_the_oldest_and_reports_it(influx_server):
-    """influxd is stopped while a timed loop runs; steps are not slowed, the newest
-    ``capacity`` points arrive after the restart, the rest are counted and reported."""
+    """influxd is stopped while the training loop runs: the newest ``capacity`` points
+    arrive after the restart, the rest are counted and reported."""
     capacity = 30
     store = InfluxStore(influx_server.url, f"outage_{uuid.uuid4().hex[:8]}", api="v1",
                         retries=0, timeout_s=2.0)
@@ -121,7 +157,7 @@ def test_outage_buffers_within_the_bound_drops_the_oldest_and_reports_it(influx_
         stats = writer.close()
 
         assert down.failures >= 1 and down.queued == capacity  # it did try, and held the bound
-        assert max(outage) < 0.2  # a blocking write would wait for the store (seconds)
+        assert len(outage) == 80  # (that put never waits is test_put_never_waits_for_a_hanging_store)
         assert stats.dropped == 80 - capacity and stats.dropped_reported == stats.dropped
         assert stats.written == 10 + capacity + 10 and stats.queued == 0
 

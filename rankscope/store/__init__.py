@@ -15,12 +15,17 @@ from rankscope.store.influx import InfluxStore
 
 
 def open_store(store: str | None = None, bucket: str | None = None,
-               settings: StoreSettings | None = None) -> Store:
-    """An InfluxDB store for an http(s) URL, else an embedded store at that path."""
+               settings: StoreSettings | None = None, *, timeout_s: float = 30.0,
+               retries: int = 3) -> Store:
+    """An InfluxDB store for an http(s) URL, else an embedded store at that path.
+
+    ``timeout_s`` and ``retries`` apply to InfluxDB requests (a writer with its own
+    backoff passes ``retries=0``).
+    """
     s = settings or store_settings(store, bucket)
     if s.is_influx:
         return InfluxStore(s.location, s.bucket, token=s.token, org=s.org, username=s.username,
-                           password=s.password, api=s.api)
+                           password=s.password, api=s.api, timeout_s=timeout_s, retries=retries)
     return EmbeddedStore(s.location, s.bucket)
 
 

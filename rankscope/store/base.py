@@ -97,10 +97,12 @@ def validate(frame: pd.DataFrame, fields: Sequence[str], nonnegative: Sequence[s
 
 
 def check_tags(frame: pd.DataFrame, tags: Sequence[str]) -> None:
-    """Refuse, before anything is written, tag values line protocol cannot carry."""
+    """Refuse tag values line protocol cannot carry (integer columns need no look)."""
     for t in tags:
-        check_key(t, "tag key")
-        for v in pd.unique(frame[t].astype(str)):
+        col = frame[t]
+        if pd.api.types.is_integer_dtype(col):
+            continue
+        for v in pd.unique(col.astype(str)):
             check_key(v, f"tag {t!r} value")
 
 
@@ -129,12 +131,13 @@ class Store(ABC):
         missing = [c for c in ("time", *tags, *fields) if c not in frame.columns]
         if missing:
             raise ValueError(f"{measurement}: frame lacks column(s) {', '.join(missing)}")
-        check_tags(frame, tags)
+        for t in tags:
+            check_key(t, "tag key")
         ok, rejected = validate(frame, fields, nonnegative)
         good = frame if ok.all() else frame.loc[ok]
         report = WriteReport(measurement, 0, rejected)
         if len(good):
-            self._write(measurement, good, list(tags), list(fields))
+            self._write(measurement, good, list(tags), list(fields), list(nonnegative))
             report.written = len(good)
         if rejected:
             raise RejectedPointsError(report)
@@ -159,8 +162,10 @@ class Store(ABC):
                           nonnegative=[schema.ITERATION_MS_FIELD, *stages])
 
     @abstractmethod
-    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str]) -> None:
-        """Write validated points."""
+    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str],
+               nonnegative: list[str]) -> None:
+        """Write validated points. A tag value line protocol cannot carry (see
+        :func:`check_tags`) must refuse the whole frame before anything is written."""
 
     # -------------------------------------------------------------- reading
     @abstractmethod

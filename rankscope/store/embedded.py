@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope import schema
-from rankscope.store.base import INT_TAGS, Store, StoreError, normalise_frame
+from rankscope.store.base import INT_TAGS, Store, StoreError, check_tags, normalise_frame
 
 _SERIES = "_series"
 
@@ -85,7 +85,9 @@ class EmbeddedStore(Store):
                 self._db.execute(f"CREATE INDEX IF NOT EXISTS {_ident(f'{self.bucket}/{measurement}/job_time')} "
                                  f"ON {table} (job, time)")
 
-    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str]) -> None:
+    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str],
+               nonnegative: list[str]) -> None:
+        check_tags(frame, tags)  # the same names InfluxDB would refuse
         n = len(frame)
         tag_text = {t: frame[t].astype(str).to_numpy(dtype=object) for t in tags}
         series = np.full(n, "", dtype=object)

@@ -28,6 +28,7 @@ import pandas as pd
 from rankscope import schema
 from rankscope.lineprotocol import encode_frame, quote_ident, quote_string
 from rankscope.store.base import INT_TAGS, Store, StoreError, normalise_frame
+from rankscope.store.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class InfluxStore(Store):
         self._db_ready = False
         self._client = None
         self._write_api = None
+        self._prefixes = PrefixCache()
 
     def __repr__(self) -> str:
         return f"InfluxStore(url={self.url!r}, bucket={self.bucket!r}, api={self._api!r})"
@@ -203,8 +205,13 @@ class InfluxStore(Store):
             reason = getattr(exc, "body", None) or getattr(exc, "reason", None) or exc
             raise StoreError(f"InfluxDB /api/v2/write failed ({status}): {reason}") from None
 
-    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str]) -> None:
-        self.write_lines(encode_frame(measurement, frame, tags, fields))
+    def _write(self, measurement: str, frame: pd.DataFrame, tags: list[str], fields: list[str],
+               nonnegative: list[str]) -> None:
+        # tag prefixes from the cache (a rank's tags rarely change); every tag value is
+        # checked when first encoded, so nothing is sent when one cannot be carried
+        prefixes = self._prefixes.prefixes(measurement, frame[tags])
+        self.write_lines(encode_frame(measurement, frame, tags, fields, prefixes=prefixes,
+                                      nonnegative=nonnegative))
 
     # ---------------------------------------------------------------- reads
     def _where(self, job: str | None, start_ms: int | None, end_ms: int | None,

@@ -20,19 +20,20 @@ import numpy as np
 
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
-from collector.scenario import FAULT_KINDS, Scenario
-from collector.simulator import ClusterSimulator, IterationResult
 from rankscope.frames import LatencyCube
+from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import DEFAULT_STAGES
+from simulator.cluster import ClusterSimulator, IterationResult
+from simulator.scenario import FAULT_KINDS, Scenario
 
 #: Incident class the analyzer should give each fault kind.
 EXPECTED_CLASS = {
-    "compute_slowdown": "compute_straggler",
-    "link_degradation": "link_degradation",
-    "stage_imbalance": "pipeline_imbalance",
-    "transient_stall": "transient_stall",
-    "host_stall": "host_stall",
-    "silent_rank": "silent_rank",
+    "compute_slowdown": IncidentClass.COMPUTE_STRAGGLER,
+    "link_degradation": IncidentClass.LINK_DEGRADATION,
+    "stage_imbalance": IncidentClass.PIPELINE_IMBALANCE,
+    "transient_stall": IncidentClass.TRANSIENT_STALL,
+    "host_stall": IncidentClass.HOST_STALL,
+    "silent_rank": IncidentClass.SILENT_RANK,
 }
 #: The IL-0477 job's topology (12,960 ranks).
 IL_TOPOLOGY = {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8}
@@ -250,13 +251,15 @@ def run_case(case: Case, config: AnalyzerConfig | None = None) -> Outcome:
     sim = ClusterSimulator(sc)
     ja = JobAnalyzer(sc.job, sc.topology, DEFAULT_STAGES, config)
     first: dict[str, int] = {}
+    latest: dict[str, Incident] = {}
     for _ in range(sc.iterations):
         res = sim.step()
         out = ja.feed(result_cube(res, sim.stages.names))
         for inc in out.incidents:
             first.setdefault(inc.id, res.iteration)
+            latest[inc.id] = inc
     seen = [Seen(i.id, i.cls, sorted(int(r) for r in i.ranks), i.stage, int(i.onset_iteration),
-                 first.get(i.id, sc.iterations - 1)) for i in ja.diag.incidents]
+                 first[i.id]) for i in latest.values()]
     return Outcome(case, sc.iterations, sc.topology.world, seen)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from analyzer.cycle import AnalyzerService
 from rankscope.config import store_settings
+from rankscope.incident import IncidentClass
 from rankscope.store import open_store
 from rankscope.topology import format_ranks
 
@@ -36,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collector.scenario import load_scenario
-    from collector.simulator import simulate
+    from simulator.scenario import load_scenario
+    from simulator.simulate import simulate
 
     explicit = args.store or os.environ.get("RANKSCOPE_STORE")
     settings = store_settings(args.store or DEMO_STORE, args.bucket)
@@ -90,7 +91,7 @@ def summary(ja, incidents) -> str:
         lines.append(f"Verdict: {inc.cls.replace('_', ' ')} on node {format_ranks(inc.nodes)} "
                      f"(ranks {format_ranks(inc.ranks)}), stage {inc.stage}, {inc.ratio:.1f}x, localised by "
                      f"{(g.get('type') or '?').upper()} group {g.get('ranks', '')} [{inc.status}].")
-        if inc.cls == "compute_straggler":
+        if inc.cls == IncidentClass.COMPUTE_STRAGGLER:
             lines.append("Action: drain and replace the node (its GPUs compute slowly); no network repair.")
         for e in inc.events:
             lines.append(f"Event '{e.name}' on node {e.node}: {e.verdict.upper()} - {e.reason}.")

@@ -21,8 +21,8 @@ import numpy as np
 
 from analyzer.spike import SpikeDetector
 from analyzer.step import StepDetector
-from collector.scenario import Scenario
-from collector.simulator import ClusterSimulator
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario
 
 
 @dataclass(frozen=True)

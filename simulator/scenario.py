@@ -243,7 +243,7 @@ class _Parser:
 
     # the scenario
     def scenario(self, data: dict[str, Any], name: str) -> Scenario:
-        from collector.model_params import ModelParams  # the [model] table's keys
+        from simulator.model_params import ModelParams  # the [model] table's keys
 
         data = self.table(data, (), _TOP_KEYS) if data else {}
         if "topology" not in data:

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from collector.scenario import builtin_scenarios, load_scenario
-from collector.simulator import default_truth_path, simulate
 from rankscope.store import open_store
+from simulator.scenario import builtin_scenarios, load_scenario
+from simulator.simulate import default_truth_path, simulate
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -36,23 +36,16 @@ every rank ``iteration_ms == sum(value[stage] * occurrences[stage])``.
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
 
-from collector.model_params import ModelParams
-from collector.progress import Progress
-from collector.scenario import Fault, Scenario
-from collector.stage_writer import StageLatencyWriter
-from collector.truth import Truth
 from rankscope.frames import cube_to_frame
 from rankscope.schema import DEFAULT_STAGES, SchemaError, StageSet
-from rankscope.store import Store
+from simulator.model_params import ModelParams
+from simulator.scenario import Fault, Scenario
 
 #: Rows of the per-iteration fault-factor matrix.
 _ATTENTION, _MLP, _OPTIMIZER, _DATALOADER, _LINK = range(5)
@@ -299,76 +292,3 @@ class ClusterSimulator:
                               res.time_ms if time_ms is None else int(time_ms), values,
                               self.stages.names, np.round(res.iteration_ms[ranks], 3), ranks=ranks)
         return frame.drop(columns=self.absent_stages)
-
-
-def default_truth_path(store: Store, job: str) -> Path:
-    """``<job>.truth.json`` next to an embedded store's file, else in the current directory."""
-    path = getattr(store, "path", None)
-    folder = Path(path).parent if path is not None and str(path) != ":memory:" else Path.cwd()
-    return folder / f"{job}.truth.json"
-
-
-def simulate(scenario: Scenario, store: Store, iterations: int | None = None, live: bool = False,
-             speed: float = 1.0, truth_path: str | Path | None = None, start_ms: int | None = None,
-             progress: bool = True, stages: StageSet = DEFAULT_STAGES) -> Truth:
-    """Run a scenario into ``store``; returns (and, given ``truth_path``, writes) its ground truth.
-
-    Backfill (default): timestamps are spaced by the simulated job iteration
-    times, starting at ``start_ms`` or, without it, ending at about now (the run
-    is simulated twice: once to learn its length). ``live``: each iteration is
-    written when its simulated time (divided by ``speed``) has passed, stamped now.
-    """
-    if iterations is not None:
-        scenario = scenario.with_overrides(iterations=iterations)
-    if not (isinstance(speed, (int, float)) and np.isfinite(speed) and speed > 0):
-        raise ValueError(f"speed must be a positive number, got {speed!r}")
-    now = int(time.time() * 1000)
-    if live:
-        begin = now
-    elif start_ms is not None:
-        begin = int(start_ms)
-    else:
-        begin = now - int(round(ClusterSimulator(scenario, stages).run_length_ms()))
-    sim = ClusterSimulator(scenario, stages, start_ms=begin)
-    writer = StageLatencyWriter(store, sim)
-    truth = Truth.from_scenario(scenario)
-    events_at: dict[int, list] = {}
-    for ev in scenario.events:
-        events_at.setdefault(ev.at, []).append(ev)
-    bar = Progress(scenario.iterations, f"simulate {scenario.job}", enabled=progress)
-    wall0 = time.monotonic()
-    if live and truth_path is not None:
-        truth.write(truth_path)
-    # one writer thread posts iteration i while the model computes and encodes i+1
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-sim-writer")
-    pending: list[Future] = []
-    try:
-        for _ in range(scenario.iterations):
-            res = sim.step()
-            stamp = res.time_ms
-            if live:
-                due = wall0 + (sim.elapsed_ms / 1000.0) / speed
-                time.sleep(max(0.0, due - time.monotonic()))
-                stamp = int(time.time() * 1000)
-            payload = writer.encode(res, stamp)
-            while pending:
-                pending.pop(0).result()  # raises the writer's error, if any
-            pending.append(pool.submit(writer.post, payload))
-            if res.iteration in events_at:
-                pending.append(pool.submit(writer.write_events, events_at[res.iteration], stamp))
-            truth.times_ms.append(stamp)
-            points = 0 if payload is None else len(payload)
-            bar.update(res.iteration + 1, points, f"{res.job_iteration_ms / 1000:.1f} s/iteration")
-        while pending:
-            pending.pop(0).result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        bar.close()
-        truth.finalise()
-        if truth_path is not None:
-            truth.write(truth_path)
-    return truth
-
-
-__all__ = ["ClusterSimulator", "IterationResult", "ModelParams", "Truth", "check_stages",
-           "default_truth_path", "expected_max_z", "simulate"]

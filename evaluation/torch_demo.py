@@ -269,7 +269,7 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
     # forkserver: torch is imported once by the server, the ranks are forked from it
     # (a fresh interpreter per rank would import torch 8 times on 2 cores).
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "pandas", "collector.torch_demo"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "pandas", "evaluation.torch_demo"])
     results = ctx.SimpleQueue()
     t0 = time.perf_counter()
     mp.start_processes(_worker, args=(cfg, _free_port(), results), nprocs=cfg.world,
