@@ -29,9 +29,10 @@ import pandas as pd
 
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
-from analyzer.incidents import Incident, incidents_frame, load_incidents
+from analyzer.events import OutOfBandEvent
 from rankscope import schema
 from rankscope.frames import frame_to_cube
+from rankscope.incident import Incident, incidents_frame, load_incidents
 from rankscope.schema import DEFAULT_STAGES, StageSet
 from rankscope.store import Store
 from rankscope.topology import Topology, infer_topology
@@ -77,7 +78,7 @@ class AnalyzerService:
             first["rank"], first["tp"], first["pp"], first["dp"], first["ep_group"], first["node"])
         stages = self.stages or _stages_of(first.columns)
         ja = JobAnalyzer(job, topo, stages, self.cfg)
-        ja.diag.adopt(load_incidents(self.store, job))
+        ja.adopt(load_incidents(self.store, job))
         log.info("job %s: %d ranks (tp=%d pp=%d dp=%d ep=%d), %d stages", job, topo.world, topo.tp,
                  topo.pp, topo.dp, topo.ep, len(stages))
         return ja
@@ -145,8 +146,8 @@ class AnalyzerService:
         since = self.events_seen.get(job)
         ev = self.store.read_events(job, start_ms=None if since is None else since + 1)
         if len(ev):
-            ja.diag.add_events([{"time": int(r["time"]), "name": str(r["name"]), "node": int(r["node"])}
-                                for r in ev.to_dict("records")])
+            ja.add_events([OutOfBandEvent(int(r["time"]), str(r["name"]), int(r["node"]))
+                           for r in ev.to_dict("records")])
             self.events_seen[job] = int(ev["time"].max())
 
     def _replay_start(self, job: str) -> int | None:
@@ -163,7 +164,7 @@ class AnalyzerService:
         it = frame[schema.ITERATION_FIELD].to_numpy()
         last = it.max()
         n_last = int((it == last).sum())
-        expected = int(ja.diag.seen.sum()) or ja.topo.world
+        expected = ja.reporting_ranks or ja.topo.world
         if n_last < expected:
             return frame[it < last]
         return frame
@@ -183,7 +184,7 @@ class AnalyzerService:
         out = []
         for name, ja in self.analyzers.items():
             if job is None or name == job:
-                out += ja.diag.incidents
+                out += ja.incidents()
         return sorted(out, key=lambda i: (i.job, i.onset_ms, i.id))
 
 

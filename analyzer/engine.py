@@ -13,15 +13,16 @@ import numpy as np
 import pandas as pd
 
 from analyzer.config import AnalyzerConfig
-from analyzer.diagnosis import Diagnoser
+from analyzer.diagnosis import Diagnoser, Observation
+from analyzer.events import OutOfBandEvent
 from analyzer.floors import TransferFloorScorer
-from analyzer.incidents import Incident
 from analyzer.l1 import ChangePoint, L1Monitor
 from analyzer.l2_points import l2_group_frame, l2_rank_frame, window_medians
 from analyzer.rank_scores import RankScorer, RankScores
 from analyzer.stage_balance import PipelineBalanceScorer
 from analyzer.window import Window
 from rankscope.frames import LatencyCube
+from rankscope.incident import Incident
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
@@ -45,7 +46,8 @@ class JobAnalyzer:
         self.ranks = RankScorer(topo, stages, self.cfg)
         self.floors = TransferFloorScorer(topo, stages, self.cfg)
         self.balance = PipelineBalanceScorer(topo, stages, self.cfg)
-        self.diag = Diagnoser(job, topo, stages, self.cfg)
+        self._diag = Diagnoser(job, topo, stages, self.cfg)
+        self.l1_step: dict | None = None
         self.window = Window(self.cfg.history)
         self.last_iteration = -1
         self.last_time_ms = 0
@@ -68,7 +70,7 @@ class JobAnalyzer:
             res.changepoints += cps
             for inc in incs:
                 changed[inc.id] = inc
-        for inc in self.diag.rejudge_events(self.window):
+        for inc in self._diag.rejudge_events(self.window):
             changed[inc.id] = inc
         res.incidents = list(changed.values())
         return res
@@ -80,16 +82,33 @@ class JobAnalyzer:
         cps = self.l1.update(iteration, time_ms, iteration_ms)
         for cp in cps:
             if cp.scope == "job" and cp.kind == "step" and cp.recovered_iteration < 0:
-                self.diag.last_step = {"iteration": cp.iteration, "before_ms": round(cp.before_ms, 1),
-                                       "after_ms": round(cp.after_ms, 1)}
+                self.l1_step = {"iteration": cp.iteration, "before_ms": round(cp.before_ms, 1),
+                                "after_ms": round(cp.after_ms, 1)}
         scores = self.ranks.update(values, present)
-        floors = self.floors.update(values)
-        bal_hot = self.balance.update(values)
-        incs = self.diag.update(iteration, time_ms, self.window, scores, floors, bal_hot,
-                                self.balance.last_ratio, present)
+        obs = Observation(iteration, time_ms, self.window, scores, self.floors.update(values),
+                          self.balance.update(values), self.balance.last_ratio, present, self.l1_step)
+        incs = self._diag.update(obs)
         self.last_scores = scores
         self.last_iteration, self.last_time_ms = iteration, time_ms
         return cps, incs
+
+    # ------------------------------------------------- the job's incidents
+    def incidents(self) -> list[Incident]:
+        """Open and recently resolved incidents held in memory (all of them live in the store)."""
+        return self._diag.incidents
+
+    def adopt(self, incidents: list[Incident]) -> None:
+        """Continue the incidents of a previous analyzer (read back from the store)."""
+        self._diag.adopt(incidents)
+
+    def add_events(self, events: list[OutOfBandEvent]) -> None:
+        """Out-of-band events to judge against the incidents."""
+        self._diag.add_events(events)
+
+    @property
+    def reporting_ranks(self) -> int:
+        """Ranks that have reported at least once (0 before the first iteration)."""
+        return self._diag.reporting_ranks
 
     def l2_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``l2_group`` and ``l2_rank`` points for the latest window."""

@@ -17,13 +17,16 @@ Example::
 
     >>> category("server port down"), category("GPU Xid 79 fallen off the bus"), category("cron")
     ('network', 'compute', None)
-    >>> verdict("network", "compute_straggler", on_culprit=True)[0]
+    >>> verdict("network", IncidentClass.COMPUTE_STRAGGLER, on_culprit=True)[0].value
     'contradicted'
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+from rankscope.incident import IncidentClass, Verdict
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "network": ("port", "link", "nic", "network", "infiniband", "ib ", "rdma", "roce", "switch",
@@ -35,14 +38,31 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 
 #: Which event category each incident class explains.
-EXPLAINS: dict[str, set[str]] = {
-    "compute_straggler": {"compute"},
-    "transient_stall": {"compute", "host"},
-    "host_stall": {"host"},
-    "link_degradation": {"network"},
-    "pipeline_imbalance": set(),
-    "silent_rank": {"network", "compute", "host"},
+EXPLAINS: dict[IncidentClass, set[str]] = {
+    IncidentClass.COMPUTE_STRAGGLER: {"compute"},
+    IncidentClass.TRANSIENT_STALL: {"compute", "host"},
+    IncidentClass.HOST_STALL: {"host"},
+    IncidentClass.LINK_DEGRADATION: {"network"},
+    IncidentClass.PIPELINE_IMBALANCE: set(),
+    IncidentClass.SILENT_RANK: {"network", "compute", "host"},
 }
+#: Classes whose anomaly sits in compute-only or host stages, with the culprits' own
+#: collectives short (they arrive last): a network event on their node is not the cause.
+_NOT_NETWORK = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.HOST_STALL, IncidentClass.TRANSIENT_STALL)
+
+
+@dataclass(frozen=True)
+class OutOfBandEvent:
+    """An event from a monitor outside the training job, as read from the ``event`` measurement."""
+
+    time_ms: int
+    name: str
+    node: int = -1
+
+    @property
+    def key(self) -> tuple:
+        """What makes two reads of one stored event the same event."""
+        return (self.time_ms, self.name, self.node)
 
 
 def category(name: str) -> str | None:
@@ -54,17 +74,19 @@ def category(name: str) -> str | None:
     return None
 
 
-def verdict(cat: str | None, incident_class: str, on_culprit: bool) -> tuple[str, str]:
+def verdict(cat: str | None, incident_class: IncidentClass, on_culprit: bool) -> tuple[Verdict, str]:
     """``(verdict, reason)`` of one event for one incident."""
+    cls = IncidentClass(incident_class)
     if not on_culprit:
-        return "unrelated", "not on a culprit node or outside the incident's time"
+        return Verdict.UNRELATED, "not on a culprit node or outside the incident's time"
     if cat is None:
-        return "unrelated", "event type not recognised; not used as evidence"
-    if cat in EXPLAINS.get(incident_class, set()):
-        return "supported", f"a {cat} event fits a {incident_class.replace('_', ' ')}"
-    if cat == "network" and incident_class in ("compute_straggler", "host_stall", "transient_stall"):
-        return "contradicted", ("the anomaly is only in compute-only stages and this node's collectives "
-                                "are short (it arrived last), not slow: its network is not the cause")
-    if cat in ("compute", "host") and incident_class == "link_degradation":
-        return "contradicted", "compute stages are normal; only the transfer floors of its groups rose"
-    return "contradicted", f"a {cat} event does not explain a {incident_class.replace('_', ' ')}"
+        return Verdict.UNRELATED, "event type not recognised; not used as evidence"
+    if cat in EXPLAINS[cls]:
+        return Verdict.SUPPORTED, f"a {cat} event fits a {cls.label}"
+    if cat == "network" and cls in _NOT_NETWORK:
+        return Verdict.CONTRADICTED, ("the anomaly is only in compute-only stages and this node's "
+                                      "collectives are short (it arrived last), not slow: its network "
+                                      "is not the cause")
+    if cat in ("compute", "host") and cls == IncidentClass.LINK_DEGRADATION:
+        return Verdict.CONTRADICTED, "compute stages are normal; only the transfer floors of its groups rose"
+    return Verdict.CONTRADICTED, f"a {cat} event does not explain a {cls.label}"

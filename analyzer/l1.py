@@ -13,6 +13,7 @@ is the job's change point.
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,12 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.spike import SpikeDetector
 from analyzer.step import StepDetector
+
+#: Updates whose iteration and time the monitor remembers (onsets are at most
+#: ``persist`` or ``max_len`` updates back).
+RECENT_UPDATES = 256
+#: Unrecovered job steps remembered (a job that keeps stepping up does not grow the list).
+MAX_OPEN_STEPS = 16
 
 
 @dataclass
@@ -69,17 +76,21 @@ class L1Monitor:
         self.job_step = StepDetector(1, persist=cfg.l1_persist, **kw)
         self.job_spike = SpikeDetector(1, max_len=cfg.l1_spike_max, **kw)
         self.rank_step = StepDetector(world, persist=cfg.l1_persist, refresh_every=8, **kw)
-        self.iterations: list[int] = []
-        self.times: list[int] = []
+        # (iteration, time) of the most recent updates: the detectors name onsets by update
+        # count, never further back than a few updates, so a short ring is enough
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_UPDATES)
+        self._updates = 0
         self.open_steps: list[ChangePoint] = []
 
     def _at(self, index: int) -> tuple[int, int]:
-        return self.iterations[index], self.times[index]
+        """``(iteration, time_ms)`` of the ``index``-th update (the oldest kept one if older)."""
+        offset = index - (self._updates - len(self._recent))
+        return self._recent[min(max(offset, 0), len(self._recent) - 1)]
 
     def update(self, iteration: int, time_ms: int, iteration_ms: np.ndarray) -> list[ChangePoint]:
         """Feed one iteration (per-rank iteration times, NaN where missing); new or updated points."""
-        self.iterations.append(int(iteration))
-        self.times.append(int(time_ms))
+        self._recent.append((int(iteration), int(time_ms)))
+        self._updates += 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             job_value = np.array([np.nanmedian(iteration_ms)])
@@ -92,7 +103,7 @@ class L1Monitor:
             it, t = self._at(int(st.onset_index[0]))
             moved = int(np.sum(rk.out | rk.confirmed))
             cp = ChangePoint(self.job, "job", -1, "step", it, t, float(st.before[0]), float(st.after[0]), moved)
-            self.open_steps.append(cp)
+            self.open_steps = [*self.open_steps[-(MAX_OPEN_STEPS - 1):], cp]
             out.append(cp)
         if st.recovered[0]:
             rec_it, _ = self._at(int(st.recovered_index[0]))

@@ -16,8 +16,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import attr
 from grafanalib import core as g
-from grafanalib._gen import DashboardEncoder
 from grafanalib.influxdb import InfluxDBTarget
 
 #: uid under which the provisioning creates the InfluxDB data source.
@@ -159,19 +159,33 @@ def text_panel(title: str, markdown: str, pos: g.GridPos) -> g.Text:
 
 
 # ------------------------------------------------------------------ variables
+@attr.s
+class Variable(g.Template):
+    """grafanalib's ``Template`` with the selection it opens with (``current``) set explicitly:
+    a list of values for multi-select variables, which ``Template`` cannot express."""
+
+    current = attr.ib(default=None)
+
+    def to_json_data(self) -> dict:
+        data = super().to_json_data()
+        if self.current is not None:
+            data["current"] = self.current
+        return data
+
+
 def query_variable(name: str, label: str, query: str, *, multi: bool = False, include_all: bool = False,
                    regex: str | None = None, default: str | list[str] | None = None,
                    sort: int = SORT_NUMERIC_ASC, refresh: int = REFRESH_ON_TIME_CHANGE,
                    hide: int = g.SHOW) -> g.Template:
     """A variable whose options come from an InfluxQL query (SHOW TAG VALUES, SELECT ...)."""
-    t = g.Template(name=name, label=label, query=" ".join(query.split()), dataSource=DATASOURCE,
-                   multi=multi, includeAll=include_all, regex=regex or "", sort=sort,
-                   refresh=refresh, hide=hide, default=None)
+    current = None
     if default is not None:
         text = " + ".join(default) if isinstance(default, list) else default
         value = default if not include_all or default != "All" else ["$__all"]
-        t._current = {"selected": True, "text": text, "value": value}
-    return t
+        current = {"selected": True, "text": text, "value": value}
+    return Variable(name=name, label=label, query=" ".join(query.split()), dataSource=DATASOURCE,
+                    multi=multi, includeAll=include_all, regex=regex or "", sort=sort,
+                    refresh=refresh, hide=hide, default=None, current=current)
 
 
 @dataclass(frozen=True)
@@ -188,12 +202,11 @@ def custom_variable(name: str, label: str, choices: Sequence[Choice], default: S
     chosen = set(default)
     options = [{"selected": c.value in chosen, "text": c.text, "value": c.value} for c in choices]
     query = ", ".join(f"{c.text} : {c.value}" for c in choices)
-    t = g.Template(name=name, label=label, query=query, type="custom", multi=multi,
-                   includeAll=False, options=options, default=None)
     picked = [c for c in choices if c.value in chosen]
-    t._current = {"selected": True, "text": [c.text for c in picked] if multi else picked[0].text,
-                  "value": [c.value for c in picked] if multi else picked[0].value}
-    return t
+    current = {"selected": True, "text": [c.text for c in picked] if multi else picked[0].text,
+               "value": [c.value for c in picked] if multi else picked[0].value}
+    return Variable(name=name, label=label, query=query, type="custom", multi=multi,
+                    includeAll=False, options=options, default=None, current=current)
 
 
 # ---------------------------------------------------------------- annotations
@@ -252,7 +265,15 @@ class DashboardSpec:
 
     def to_json(self) -> dict:
         """The dashboard model as plain JSON data (what Grafana stores)."""
-        return json.loads(json.dumps(self.build().to_json_data(), cls=DashboardEncoder, sort_keys=True))
+        return json.loads(json.dumps(self.build().to_json_data(), default=_json_data, sort_keys=True))
+
+
+def _json_data(obj: object) -> object:
+    """grafanalib objects describe themselves with ``to_json_data()``; JSON takes that."""
+    to_json_data = getattr(obj, "to_json_data", None)
+    if to_json_data is None:
+        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+    return to_json_data()
 
 
 def dashboard_link(title: str, uid: str, include_vars: bool = True) -> dict:

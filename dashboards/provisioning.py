@@ -12,14 +12,15 @@ drifted from the code.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from dashboards import heatmap, incident, l2, noc
 from dashboards.alerts import provisioning_document, rankscope_alert_groups
 from dashboards.panels import DATASOURCE_NAME, DATASOURCE_UID, DashboardSpec
-from dashboards.yaml_text import dump_yaml
 
 #: Folder of this package: the default place of the generated files.
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -38,6 +39,39 @@ DASHBOARDS: dict[str, Callable[[], DashboardSpec]] = {
     "l2": l2.spec,
     "incident": incident.spec,
 }
+
+
+class _Quoted(str):
+    """A string value to be written double-quoted."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper with list items indented under their key."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+# Every string VALUE is double-quoted (keys stay plain): no value of a provisioning file can be
+# read back as a number, a boolean or a comment by any YAML reader (Grafana's is Go's).
+_Dumper.add_representer(
+    _Quoted, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style='"'))
+
+
+def _quote_values(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {k: _quote_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_quote_values(v) for v in value]
+    return _Quoted(value) if isinstance(value, str) else value
+
+
+def dump_yaml(document: Mapping[str, object], header: str = "") -> str:
+    """``document`` as block-style YAML (keys in the order given), ``header`` as ``#`` comments."""
+    comments = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
+    body = yaml.dump(_quote_values(document), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True, width=1 << 30, indent=2)
+    return comments + body
 
 
 def datasource_document() -> dict:

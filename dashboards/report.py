@@ -11,37 +11,43 @@ rows lie in its PNG.
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from dashboards import report_figures as figs
 from dashboards.report_data import (
-    IncidentRecord,
     IncidentWindow,
     dp_band_rows,
-    load_incident,
     load_window,
     rows_around,
     stage_comparison,
 )
+from rankscope.cli import add_store_options
+from rankscope.incident import Incident, IncidentClass, load_incident
 from rankscope.store import Store, open_store
 from rankscope.topology import format_ranks
+
+_TEMPLATES = Environment(loader=PackageLoader("dashboards", "templates"),
+                         autoescape=select_autoescape(["html", "j2"]), undefined=StrictUndefined,
+                         trim_blocks=False, lstrip_blocks=False)
 
 #: Iterations of stage latencies read (and drawn) before and after the onset.
 ITERATIONS_BEFORE = 20
 ITERATIONS_AFTER = 20
 ACTIONS = {
-    "compute_straggler": "Drain and replace node(s) {nodes}: the slowness is in compute-only work on "
-                         "those GPUs; network repairs will not restore the speed.",
-    "link_degradation": "Check the NIC / links of node(s) {nodes}: the transfer floor of their collectives rose.",
-    "pipeline_imbalance": "Rebalance the pipeline stages: stage {stage} takes longer than the others.",
-    "transient_stall": "No action unless it repeats: a short stall that passed on its own.",
-    "host_stall": "Check the host side (data loader, CPU, storage) of node(s) {nodes}.",
-    "silent_rank": "Ranks {ranks} stopped reporting: check the processes and node(s) {nodes}.",
+    IncidentClass.COMPUTE_STRAGGLER: "Drain and replace {where}: the slowness is in compute-only work on "
+                                     "those GPUs; network repairs will not restore the speed.",
+    IncidentClass.LINK_DEGRADATION: "Check the NIC / links of {where}: the transfer floor of their "
+                                    "collectives rose.",
+    IncidentClass.PIPELINE_IMBALANCE: "Rebalance the pipeline stages: stage {stage} takes longer than the others.",
+    IncidentClass.TRANSIENT_STALL: "No action unless it repeats: a short stall that passed on its own.",
+    IncidentClass.HOST_STALL: "Check the host side (data loader, CPU, storage) of {where}.",
+    IncidentClass.SILENT_RANK: "Ranks {ranks} stopped reporting: check the processes on {where}.",
 }
 
 
@@ -56,7 +62,7 @@ def write_report(store: Store, job: str, out_dir: str | Path, incident_id: str |
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     incident = load_incident(store, job, incident_id)
-    say(f"incident {incident.id} ({incident.cls}, {incident.status}); reading stage latencies")
+    say(f"incident {incident.id} ({incident.cls.value}, {incident.status.value}); reading stage latencies")
     window = load_window(store, incident, ITERATIONS_BEFORE, ITERATIONS_AFTER)
     say(f"{window.cube.values.shape[0]} iterations x {window.topology.world} ranks; drawing figures")
     figures: dict[str, str] = {"timeline": figs.timeline(window, incident, out / "timeline.png").name}
@@ -65,25 +71,26 @@ def write_report(store: Store, job: str, out_dir: str | Path, incident_id: str |
     figures["stages"] = figs.stage_bars(stage_comparison(window, incident), incident, out / "stages.png").name
     figures["verdicts"] = figs.verdicts(incident, out / "verdicts.png").name
     page = out / "index.html"
-    page.write_text(_html(incident, window, figures, heatmaps), encoding="utf-8")
+    page.write_text(_page(incident, window, figures, heatmaps), encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
-        "incident": incident.id, "job": incident.job, "class": incident.cls, "figures": figures,
+        "incident": incident.id, "job": incident.job, "class": incident.cls.value, "figures": figures,
         "onset_iteration": incident.onset_iteration, "resolved_iteration": incident.resolved_iteration,
         "heatmaps": {k: g.to_json() for k, g in heatmaps.items()},
-        "culprits": incident.ranks.tolist()}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        "culprits": [int(r) for r in incident.ranks], "hosts": incident.hosts}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     say(f"wrote {page}")
     return page
 
 
-def _heatmaps(window: IncidentWindow, incident: IncidentRecord, out: Path) -> dict[str, figs.HeatmapGeometry]:
+def _heatmaps(window: IncidentWindow, incident: Incident, out: Path) -> dict[str, figs.HeatmapGeometry]:
     topo, found = window.topology, {}
-    if not incident.ranks.size:
+    culprits = np.asarray(incident.ranks, dtype=np.int64)
+    if not culprits.size:
         return found
-    group = incident.group_ranks if incident.group_ranks.size else incident.ranks
+    group = np.asarray(incident.group_ranks or incident.ranks, dtype=np.int64)
     stage = incident.stage if incident.stage in window.stages else window.stages[0]
     pad = max(len(group), 16)
     rows = rows_around(group, topo.world, pad)
-    marks = {int(np.flatnonzero(rows == incident.ranks.min())[0]): f"◀ {format_ranks(incident.ranks)}"}
+    marks = {int(np.flatnonzero(rows == culprits.min())[0]): f"◀ {format_ranks(culprits)}"}
     found["heatmap_stage"] = figs.rank_heatmap(
         window, stage, rows, out / f"heatmap_{stage}.png",
         f"{stage}: ranks {rows[0]}-{rows[-1]} around the culprits ({incident.group_type or 'group'} "
@@ -101,107 +108,40 @@ def _heatmaps(window: IncidentWindow, incident: IncidentRecord, out: Path) -> di
     return found
 
 
-def _esc(x: object) -> str:
-    return html.escape(str(x))
-
-
-def _html(incident: IncidentRecord, window: IncidentWindow, figures: dict[str, str],
+def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
           heatmaps: dict[str, figs.HeatmapGeometry]) -> str:
+    """The report page from its Jinja2 template (autoescaped)."""
     ev = incident.evidence
     nodes, ranks = format_ranks(incident.nodes), format_ranks(incident.ranks)
     it_ms = window.cube.iteration_ms
     before = window.cube.iterations < incident.onset_iteration
     after = window.after(incident)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         med = np.nanmedian(it_ms, axis=1) / 1000
     t_before = float(np.nanmedian(med[before])) if before.any() else float("nan")
     t_after = float(np.nanmedian(med[after])) if after.any() else float("nan")
     group = ev.get("group") or {}
-    action = ACTIONS.get(incident.cls, "Investigate node(s) {nodes}.").format(
-        nodes=nodes, ranks=ranks, stage=incident.stage)
-    rows = [("Class", incident.cls.replace("_", " ")), ("Status", incident.status),
-            ("Culprit ranks", ranks), ("Node(s)", nodes), ("Stage", incident.stage),
-            ("Ratio to group median", f"{incident.ratio:.2f}x"),
-            ("Group", f"{incident.group_type} {format_ranks(incident.group_ranks)}"
-                      + (f" (id {group['id']})" if "id" in group else "")),
-            ("Onset iteration", incident.onset_iteration),
-            ("Resolved iteration", incident.resolved_iteration if incident.resolved_iteration >= 0 else "open")]
-    facts = "\n".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
-    events = "\n".join(
-        f"<tr><td>{_esc(e.get('name', ''))}</td><td>{_esc(e.get('node', ''))}</td>"
-        f"<td class='verdict {_esc(e.get('verdict', ''))}'>{_esc(e.get('verdict', ''))}</td>"
-        f"<td>{_esc(e.get('reason', ''))}</td></tr>" for e in incident.events) or \
-        "<tr><td colspan='4'>No out-of-band events near the incident.</td></tr>"
-
-    def img(key: str, alt: str) -> str:
-        return f"<figure><img id='{key}' src='{_esc(figures[key])}' alt='{_esc(alt)}'><figcaption>{_esc(alt)}</figcaption></figure>" \
-            if key in figures else ""
-
-    evidence_detail = ""
-    if ev:
-        shown = {k: ev[k] for k in ("stage", "ratio", "culprit_ms", "group_median_ms") if k in ev}
-        evidence_detail = "<p class='mono'>" + _esc(json.dumps(shown)) + "</p>"
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>Incident {_esc(incident.id)}: {_esc(incident.title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 1080px; margin: 2em auto; color: #222; }}
-h1 {{ font-size: 1.5em; margin-bottom: 0.2em; }} h2 {{ border-bottom: 2px solid #ddd; padding-bottom: 0.2em; }}
-.status {{ display: inline-block; padding: 0.1em 0.6em; border-radius: 4px; color: white;
-          background: {'#d62728' if incident.status == 'open' else '#2ca02c'}; }}
-table {{ border-collapse: collapse; margin: 0.5em 0; }} th, td {{ text-align: left; padding: 0.25em 0.8em;
-        border-bottom: 1px solid #eee; vertical-align: top; }}
-figure {{ margin: 1em 0; }} img {{ max-width: 100%; border: 1px solid #ddd; }}
-figcaption {{ color: #555; font-size: 0.9em; }} .mono {{ font-family: monospace; color: #444; }}
-.verdict.contradicted {{ color: #d62728; font-weight: bold; }} .verdict.supported {{ color: #2ca02c; font-weight: bold; }}
-.action {{ background: #fff4e5; border-left: 4px solid #ff7f0e; padding: 0.6em 1em; }}
-</style></head>
-<body>
-<h1>{_esc(incident.title)}</h1>
-<p>Incident <b>{_esc(incident.id)}</b> on job <b>{_esc(incident.job)}</b> <span class="status">{_esc(incident.status)}</span></p>
-<p class="action"><b>What to do:</b> {_esc(action)}</p>
-
-<h2 id="symptom">Symptom</h2>
-<p>The job's median iteration time went from {t_before:.1f} s to {t_after:.1f} s at iteration
-{incident.onset_iteration}.</p>
-{img("timeline", "Iteration time per iteration (median and slowest rank) with the change point")}
-
-<h2 id="cause">Cause</h2>
-<table>{facts}</table>
-<p>{_esc(incident.text)}</p>
-
-<h2 id="detection">Detection</h2>
-<p>L1 watched the iteration time and found the step at iteration {incident.onset_iteration}. L2 compared the
-stages of the ranks inside each parallel group: in <b>{_esc(incident.stage)}</b> ranks {_esc(ranks)} took
-{incident.ratio:.2f}x the median of their {_esc(incident.group_type)} group {_esc(format_ranks(incident.group_ranks))}.</p>
-{evidence_detail}
-
-<h2 id="evidence">Evidence</h2>
-{img("heatmap_stage", "Rank x iteration heatmap of the incident's stage around the culprits (bright = slow)")}
-{img("heatmap_dp", "The DP collective of the culprits' dp range at every pp stage: short (dark) where the pipelines arrived late")}
-{img("stages", "Culprits' stages against their group-mates after the onset")}
-<h3>Out-of-band events</h3>
-<table><tr><th>event</th><th>node</th><th>verdict</th><th>reason</th></tr>
-{events}
-</table>
-{img("verdicts", "Verdict on each out-of-band event")}
-<p class="mono">{len(heatmaps)} heatmap(s); figures listed in report.json.</p>
-<script>
-// Marks how many figures the browser decoded (read by the report's browser test).
-window.addEventListener("load", () => {{
-  const imgs = [...document.images];
-  document.body.dataset.figuresLoaded = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
-  document.body.dataset.figures = imgs.length;
-}});
-</script>
-</body></html>
-"""
+    action = ACTIONS.get(incident.cls, "Investigate {where}.").format(
+        where=incident.where, nodes=nodes, ranks=ranks, stage=incident.stage)
+    facts = [("Class", incident.cls.label), ("Status", incident.status.value),
+             ("Culprit ranks", ranks), ("Host(s)", ", ".join(incident.hosts) or "not reported"),
+             ("Node(s)", nodes), ("Stage", incident.stage),
+             ("Ratio to group median", f"{incident.ratio:.2f}x"),
+             ("Group", f"{incident.group_type} {format_ranks(incident.group_ranks)}"
+                       + (f" (id {group['id']})" if "id" in group else "")),
+             ("Onset iteration", incident.onset_iteration),
+             ("Resolved iteration", incident.resolved_iteration if incident.resolved_iteration >= 0 else "open")]
+    shown = {k: ev[k] for k in ("stage", "ratio", "culprit_ms", "group_median_ms") if k in ev}
+    return _TEMPLATES.get_template("report.html.j2").render(
+        incident=incident, action=action, facts=facts, ranks=ranks,
+        group_ranks=format_ranks(incident.group_ranks), t_before=t_before, t_after=t_after,
+        evidence_numbers=json.dumps(shown) if shown else "", figures=figures,
+        heatmap_count=len(heatmaps))
 
 
 # ---------------------------------------------------------------------- CLI
 def register(sub: argparse._SubParsersAction) -> None:
-    from rankscope.cli import add_store_options
-
     p = sub.add_parser(
         "report", help="write an incident report (HTML page with PNG figures)",
         description="Write one incident as an HTML page with PNG figures, laid out like an incident "

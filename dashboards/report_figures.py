@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dashboards.report_data import IncidentRecord, IncidentWindow
+from dashboards.report_data import IncidentWindow
+from rankscope.incident import EventVerdict, Incident
+from rankscope.topology import format_ranks
 
 DPI = 100
 VERDICT_COLOURS = {"contradicted": "#d62728", "supported": "#2ca02c", "unrelated": "#7f7f7f"}
@@ -49,7 +51,7 @@ class HeatmapGeometry:
         return asdict(self)
 
 
-def timeline(window: IncidentWindow, incident: IncidentRecord, path: Path) -> Path:
+def timeline(window: IncidentWindow, incident: Incident, path: Path) -> Path:
     """Median and max iteration time over ranks per iteration, with the change point."""
     plt = _pyplot()
     it = window.cube.iterations
@@ -113,7 +115,7 @@ def rank_heatmap(window: IncidentWindow, stage: str, rows: np.ndarray, path: Pat
                            rows=[int(r) for r in rows], columns=[int(i) for i in it], stage=stage)
 
 
-def stage_bars(comparison: pd.DataFrame, incident: IncidentRecord, path: Path) -> Path:
+def stage_bars(comparison: pd.DataFrame, incident: Incident, path: Path) -> Path:
     """Culprits' median per stage against their group-mates' (log scale), ratio written above."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.8), dpi=DPI)
@@ -137,19 +139,20 @@ def stage_bars(comparison: pd.DataFrame, incident: IncidentRecord, path: Path) -
     return path
 
 
-def verdicts(incident: IncidentRecord, path: Path) -> Path:
+def verdicts(incident: Incident, path: Path) -> Path:
     """One line per out-of-band event: its name and node, the verdict (coloured), the reason."""
     plt = _pyplot()
-    events = incident.events or [{"name": "no out-of-band events", "node": "", "verdict": "", "reason": ""}]
-    lines = [textwrap.wrap(str(e.get("reason", "")), 70) or [""] for e in events]
+    events = incident.events or [EventVerdict("no out-of-band events", -1, "", "")]
+    lines = [textwrap.wrap(e.reason, 70) or [""] for e in events]
     height = 0.9 + 0.42 * sum(len(x) + 1 for x in lines)
     fig, ax = plt.subplots(figsize=(10, height), dpi=DPI)
     ax.axis("off")
     y = 1.0
     step = 1.0 / (sum(len(x) + 1 for x in lines) + 1)
     for e, wrapped in zip(events, lines, strict=True):
-        verdict = str(e.get("verdict", ""))
-        ax.text(0.0, y - step, f"{e.get('name', '')}  (node {e.get('node', '')})", fontsize=11,
+        verdict = str(e.verdict)
+        where = f"  ({e.where})" if verdict else ""
+        ax.text(0.0, y - step, f"{e.name}{where}", fontsize=11,
                 fontweight="bold", va="top", transform=ax.transAxes)
         ax.text(0.55, y - step, verdict.upper(), fontsize=11, fontweight="bold", va="top",
                 color=VERDICT_COLOURS.get(verdict, "black"), transform=ax.transAxes,
@@ -163,7 +166,5 @@ def verdicts(incident: IncidentRecord, path: Path) -> Path:
     return path
 
 
-def _short(incident: IncidentRecord) -> str:
-    from rankscope.topology import format_ranks
-
+def _short(incident: Incident) -> str:
     return format_ranks(incident.ranks)

@@ -1,0 +1,101 @@
+"""A job's incidents and out-of-band events, as the rules see them: bounded in memory.
+
+The book holds the open incidents, the recently resolved ones (for
+``keep_resolved`` iterations, so a late update of one can still find it) and
+the out-of-band events that can still matter. Older incidents live on in the
+store only; an always-on analyzer's memory does not grow with the job's age.
+Every incident's events are judged here (:meth:`judge_events`), whatever rule
+made it.
+"""
+
+from __future__ import annotations
+
+from analyzer.events import OutOfBandEvent, category, verdict
+from analyzer.window import Window
+from rankscope.incident import EventVerdict, Incident
+
+#: Most out-of-band events kept per job (a monitor gone mad cannot fill the memory).
+MAX_EVENTS = 10_000
+
+
+class IncidentBook:
+    """Open and recently resolved incidents of one job, and its recent events."""
+
+    def __init__(self, event_lookback: int, keep_resolved: int):
+        self.event_lookback = event_lookback
+        self.keep_resolved = keep_resolved
+        self._incidents: dict[str, Incident] = {}
+        self._judge_from: dict[str, int] = {}   # incident id -> time its events are judged from
+        self.events: list[OutOfBandEvent] = []
+
+    # ------------------------------------------------------------ incidents
+    @property
+    def incidents(self) -> list[Incident]:
+        """Incidents held in memory (open and recently resolved), oldest onset first."""
+        return sorted(self._incidents.values(), key=lambda i: (i.onset_ms, i.id))
+
+    def open(self) -> list[Incident]:
+        return [i for i in self._incidents.values() if i.is_open]
+
+    def register(self, inc: Incident) -> Incident:
+        """Add an incident; one found again under the same id (after a restart) replaces it."""
+        self._incidents[inc.id] = inc
+        return inc
+
+    def known(self, incident_id: str) -> bool:
+        return incident_id in self._incidents
+
+    def forget_old(self, iteration: int) -> None:
+        """Drop resolved incidents more than ``keep_resolved`` iterations old (they stay stored)."""
+        old = [k for k, i in self._incidents.items()
+               if not i.is_open and 0 <= i.resolved_iteration < iteration - self.keep_resolved]
+        for k in old:
+            del self._incidents[k]
+            self._judge_from.pop(k, None)
+
+    # --------------------------------------------------------------- events
+    def add_events(self, events: list[OutOfBandEvent]) -> None:
+        seen = {e.key for e in self.events}
+        self.events += [e for e in events if e.key not in seen]
+        if len(self.events) > MAX_EVENTS:
+            self.events = sorted(self.events, key=lambda e: e.time_ms)[-MAX_EVENTS:]
+
+    def forget_events(self, win: Window) -> None:
+        """Drop events no incident can use any more: older than the window (where a new
+        incident's lookback starts at the earliest) and than every open incident's lookback."""
+        if not len(win):
+            return
+        cutoff = min([int(win.times[0]), *[self._judge_start(i, win) for i in self.open()]])
+        self.events = [e for e in self.events if e.time_ms >= cutoff]
+
+    def _judge_start(self, inc: Incident, win: Window) -> int:
+        """Fixed the first time an incident is judged, so its verdicts do not drift away as
+        the window slides on."""
+        start = self._judge_from.get(inc.id)
+        if start is None:
+            start = self._judge_from[inc.id] = win.time_of(inc.onset_iteration - self.event_lookback,
+                                                           inc.onset_ms)
+        return start
+
+    def judge_events(self, inc: Incident, win: Window) -> None:
+        """Set ``inc.events``: every event since ``event_lookback`` iterations before its onset."""
+        start = self._judge_start(inc, win)
+        verdicts = []
+        for e in self.events:
+            if e.time_ms < start:
+                continue
+            on_culprit = e.node in inc.nodes
+            v, reason = verdict(category(e.name), inc.cls, on_culprit)
+            verdicts.append(EventVerdict(e.name, e.node, v, reason, e.time_ms))
+        inc.events = verdicts
+
+    def rejudge_events(self, win: Window) -> list[Incident]:
+        """Open incidents whose event verdicts changed (events that arrived after they opened:
+        the write-up's port-down came one iteration later)."""
+        out = []
+        for inc in self.open():
+            before = [(e.name, e.node, e.verdict) for e in inc.events]
+            self.judge_events(inc, win)
+            if [(e.name, e.node, e.verdict) for e in inc.events] != before:
+                out.append(inc)
+        return out

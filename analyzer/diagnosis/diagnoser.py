@@ -1,0 +1,114 @@
+"""Diagnosis: from each iteration's L2 signals to incidents with culprits, class and evidence.
+
+It sees through propagation. Collective times are symptoms (they are mostly
+waiting), so only compute and host stages can name a culprit rank; a degraded
+link raises the floors of its collectives; a heavier PP stage stands out as a
+DP group; a silent rank stops reporting. Each family is a rule module of its
+own (:data:`RULES`, in the order they run) following the protocol of
+:mod:`analyzer.diagnosis.rule`: it detects and writes evidence; the diagnoser
+resolves an incident after its rule has said "not active" for
+``quiet_to_resolve`` iterations in a row, and keeps memory bounded.
+
+State lives in the objects; :meth:`Diagnoser.update` is fed once per iteration.
+"""
+
+from __future__ import annotations
+
+from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.links import LinkRule
+from analyzer.diagnosis.observation import Observation
+from analyzer.diagnosis.pipeline import PipelineRule
+from analyzer.diagnosis.rank_cells import RankCells
+from analyzer.diagnosis.rule import Rule
+from analyzer.diagnosis.silence import SilenceRule
+from analyzer.diagnosis.stragglers import StragglerRule
+from analyzer.diagnosis.transient import TransientStallRule
+from analyzer.events import OutOfBandEvent
+from rankscope.incident import Incident, IncidentClass
+from rankscope.schema import StageSet
+from rankscope.topology import Topology
+
+#: The rules, in the order they run each iteration.
+RULES = ("transient", "stragglers", "links", "pipeline", "silence")
+
+
+class Diagnoser:
+    """Turns each iteration's scores into incident updates for one job."""
+
+    def __init__(self, job: str, topo: Topology, stages: StageSet, config: AnalyzerConfig | None = None):
+        self.job, self.topo, self.stages = job, topo, stages
+        self.cfg = cfg = config or AnalyzerConfig()
+        self.cells = RankCells(topo.world, len(stages))
+        self.silence = SilenceRule(job, topo, cfg)
+        rules: dict[str, Rule] = {
+            "transient": TransientStallRule(job, topo, stages, cfg, self.cells),
+            "stragglers": StragglerRule(job, topo, stages, cfg, self.cells),
+            "links": LinkRule(job, topo, stages, cfg),
+            "pipeline": PipelineRule(job, topo, stages, cfg),
+            "silence": self.silence,
+        }
+        self.rules: list[Rule] = [rules[name] for name in RULES]
+        self._owner: dict[IncidentClass, Rule] = {c: r for r in self.rules for c in r.classes}
+        missing = set(IncidentClass) - set(self._owner)
+        if missing:
+            raise RuntimeError(f"no rule owns incident class(es) {sorted(missing)}")
+        self.book = IncidentBook(cfg.event_lookback, keep_resolved=cfg.history)
+        self._quiet: dict[str, int] = {}
+
+    # ------------------------------------------------------------ state
+    @property
+    def incidents(self) -> list[Incident]:
+        """Open and recently resolved incidents (older ones are only in the store)."""
+        return self.book.incidents
+
+    @property
+    def reporting_ranks(self) -> int:
+        """Ranks that have reported at least once."""
+        return int(self.silence.seen.sum())
+
+    def adopt(self, incidents: list[Incident]) -> None:
+        """Take over incidents read back from the store (after a restart)."""
+        for inc in incidents:
+            if self.book.known(inc.id):
+                continue
+            self.book.register(inc)
+            if inc.is_open:
+                self._owner[inc.cls].adopt(inc)
+
+    def add_events(self, events: list[OutOfBandEvent]) -> None:
+        self.book.add_events(events)
+
+    # ----------------------------------------------------------- update
+    def update(self, obs: Observation) -> list[Incident]:
+        """One iteration; returns the incidents created or changed by it."""
+        changed: dict[str, Incident] = {}
+        self.cells.update(obs)
+        for rule in self.rules:
+            for inc in rule.detect(obs, self.book):
+                changed[inc.id] = inc
+        for inc in self._resolve(obs):
+            changed[inc.id] = inc
+        for inc in changed.values():
+            inc.updated_ms = obs.time_ms
+        self.book.forget_old(obs.iteration)
+        self.book.forget_events(obs.window)
+        return list(changed.values())
+
+    def _resolve(self, obs: Observation) -> list[Incident]:
+        out = []
+        for inc in self.book.open():
+            rule = self._owner[inc.cls]
+            q = 0 if rule.active(inc, obs) else self._quiet.get(inc.id, 0) + 1
+            if q >= rule.quiet_to_resolve(inc):
+                inc.resolve(obs.iteration - q + 1)
+                rule.resolved(inc)
+                self._quiet.pop(inc.id, None)
+                out.append(inc)
+            else:
+                self._quiet[inc.id] = q
+        return out
+
+    def rejudge_events(self, obs_window) -> list[Incident]:
+        """Open incidents whose event verdicts changed since they were last judged."""
+        return self.book.rejudge_events(obs_window)

@@ -1,0 +1,141 @@
+"""Rule: link degradation, where the transfer floors of the culprits' collective groups rose.
+
+A degraded link shows in no compute stage; it raises the *floor* (the fastest
+member's time: the pure transfer) of every collective group the ranks behind
+it take part in, and the culprits are at the intersection of those groups
+(:func:`~analyzer.floors.intersect_risen`). Floors that rise in a single kind of
+collective are a chunk waiting on someone, not a link; groups on the
+pipelines of a hot straggler are explained by it. Candidates whose own
+pipeline p2p times did not rise are dropped (a p2p hop involves only the two
+ranks it joins). The episode is confirmed after ``transient_max + 1``
+iterations and stays active while the floors of those ranks stay risen.
+
+Example::
+
+    >>> from analyzer.config import AnalyzerConfig
+    >>> from rankscope.schema import DEFAULT_STAGES
+    >>> from rankscope.topology import Topology
+    >>> [c.value for c in LinkRule("j", Topology(pp=2, dp=8, ep=4, gpus_per_node=4), DEFAULT_STAGES,
+    ...                             AnalyzerConfig()).classes]
+    ['link_degradation']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.observation import Observation
+from analyzer.diagnosis.rule import Episode, overlap
+from analyzer.floors import FloorScores, intersect_risen
+from analyzer.rank_scores import RankScores
+from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.schema import StageSet
+from rankscope.topology import Topology, format_ranks
+
+
+class LinkRule:
+    """Slow transfers of a set of ranks: a degraded link or NIC."""
+
+    classes = (IncidentClass.LINK_DEGRADATION,)
+
+    def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
+        self.job, self.topo, self.stages, self.cfg = job, topo, stages, cfg
+        self.episode: Episode | None = None
+
+    def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
+        floors = obs.floors
+        hot_ranks = obs.hot.any(axis=1)
+        if hot_ranks.any():
+            # a straggler's delay travels along its pipelines; floors of groups on those
+            # pipelines are explained by it, not by a link
+            tainted = np.zeros(self.topo.world, dtype=bool)
+            pipes = np.unique(self.topo.group_ids("pipeline")[hot_ranks])
+            tainted[self.topo.members("pipeline")[pipes].reshape(-1)] = True
+            floors = _untaint(self.topo, floors, tainted)
+        culprits, stage, ratio = intersect_risen(self.topo, floors)
+        # a degraded link slows every kind of collective its ranks take part in; floors of a
+        # single kind rising is the chunk waiting on someone (e.g. a late data loader)
+        kinds_risen = {k for k, r in zip(floors.kind, floors.risen, strict=True) if r.any()}
+        if len(set(floors.kind)) >= 2 and len(kinds_risen) < 2:
+            culprits = np.empty(0, np.int64)
+        if len(culprits) > 1:
+            culprits = self._refine_by_p2p(culprits, obs.scores)
+        if not len(culprits):
+            self.episode = None
+            return []
+        ep = self.episode
+        if ep is not None and overlap(ep.ranks, culprits) >= 0.5:
+            ep.streak += 1
+            ep.count(culprits)
+            # what stays risen in most iterations is the culprit; chance risers drop out
+            steady = ep.steady()
+            ep.ranks = steady if len(steady) else culprits
+            ep.ratio = max(ep.ratio, ratio)
+            ep.stage = stage or ep.stage
+        else:
+            self.episode = ep = Episode(culprits, stage, ratio, obs.iteration, obs.time_ms)
+            ep.count(culprits)
+        if ep.streak != self.cfg.transient_max + 1:
+            return []
+        for inc in book.open():
+            if inc.cls == IncidentClass.LINK_DEGRADATION and overlap(np.asarray(inc.ranks), ep.ranks) >= 0.5:
+                return []
+        inc = self._incident(ep, floors, obs)
+        book.judge_events(inc, obs.window)
+        book.register(inc)
+        return [inc]
+
+    def _incident(self, ep: Episode, floors: FloorScores, obs: Observation) -> Incident:
+        inc = Incident(id=incident_id(IncidentClass.LINK_DEGRADATION, ep.onset, ep.ranks), job=self.job,
+                       cls=IncidentClass.LINK_DEGRADATION, ranks=ep.ranks.tolist(),
+                       nodes=self.topo.nodes_of(ep.ranks).tolist(), stage=ep.stage, ratio=float(ep.ratio),
+                       group_type=None, group_ranks=[], onset_iteration=ep.onset, onset_ms=ep.onset_ms)
+        risen = [(n, k, float(np.nanmax(r[m]))) for n, k, r, m in
+                 zip(floors.stage, floors.kind, floors.ratio, floors.risen, strict=True) if m.any()]
+        kinds = sorted({k for _, k, _ in risen}, key=self.topo.group_size)
+        inc.group_type = kinds[0] if kinds else None
+        if inc.group_type:
+            inc.group_ranks = self.topo.group_ranks(inc.group_type, int(ep.ranks[0])).tolist()
+        txt = ", ".join(f"{n} ({k}) x{r:.1f}" for n, k, r in risen)
+        inc.evidence = {
+            "summary": (f"The transfer floor (the fastest member's time, i.e. pure transfer) rose in every "
+                        f"collective group of ranks {format_ranks(ep.ranks)} ({inc.where}): "
+                        f"{txt}. Compute stages are normal, so the ranks at the intersection of those "
+                        f"groups have slow transfers: a degraded link or NIC."),
+            "stage": ep.stage, "ratio": round(float(ep.ratio), 3), "risen_floors": risen,
+            "group": {"type": inc.group_type, "ranks": format_ranks(inc.group_ranks)}, "l1": obs.l1_step,
+        }
+        return inc
+
+    def _refine_by_p2p(self, culprits: np.ndarray, scores: RankScores) -> np.ndarray:
+        """Within a collective group every member sees the same slow transfer; a pipeline hop
+        involves only the two ranks it joins. Keep the candidates whose own p2p times rose."""
+        p2p = [i for i, st in enumerate(self.stages) if st.kind == "comm" and st.group == "pipeline"]
+        if not p2p or self.topo.pp < 2:
+            return culprits
+        with np.errstate(invalid="ignore"):
+            rose = (scores.rel[np.ix_(culprits, p2p)] > np.log1p(self.cfg.floor_change)).any(axis=1)
+        return culprits[rose] if rose.any() else culprits
+
+    def active(self, inc: Incident, obs: Observation) -> bool:
+        return self.episode is not None and overlap(self.episode.ranks, np.asarray(inc.ranks)) >= 0.5
+
+    def quiet_to_resolve(self, inc: Incident) -> int:
+        return self.cfg.resolve_after
+
+    def resolved(self, inc: Incident) -> None:
+        return None
+
+    def adopt(self, inc: Incident) -> None:
+        return None
+
+
+def _untaint(topo: Topology, floors: FloorScores, tainted: np.ndarray) -> FloorScores:
+    """The floor scores with groups mostly made of tainted ranks no longer risen."""
+    risen = []
+    for kind, r in zip(floors.kind, floors.risen, strict=True):
+        bad = tainted[topo.members(kind)].mean(axis=1) > 0.5
+        risen.append(r & ~bad)
+    return FloorScores(floors.stage, floors.kind, floors.floor, floors.ratio, risen)

@@ -1,0 +1,40 @@
+"""What the rules see of one iteration: the window, the L2 scores, the floors, who reported.
+
+Built once per iteration by :class:`~analyzer.engine.JobAnalyzer` from its
+scorers and handed to every rule; rules read it and never change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzer.floors import FloorScores
+from analyzer.rank_scores import RankScores
+from analyzer.window import Window
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One iteration's evidence.
+
+    ``present[r]``: rank r reported; ``balance_hot[g, s]``/``balance_ratio``: the
+    pipeline-balance scorer's verdict per DP group and stage; ``l1_step``: the
+    job's open L1 step (``iteration``, ``before_ms``, ``after_ms``) or None.
+    """
+
+    iteration: int
+    time_ms: int
+    window: Window
+    scores: RankScores
+    floors: FloorScores
+    balance_hot: np.ndarray
+    balance_ratio: np.ndarray
+    present: np.ndarray
+    l1_step: dict | None = None
+
+    @property
+    def hot(self) -> np.ndarray:
+        """``[rank, stage]`` cells slow beyond the L2 thresholds this iteration."""
+        return self.scores.hot

@@ -1,0 +1,91 @@
+"""Rule: pipeline imbalance, a whole PP stage computing more than it used to.
+
+When one pipeline stage gets more work its ranks are all equally slow, so no
+rank stands out inside its DP group; the DP group itself stands out against
+the other stages (:class:`~analyzer.stage_balance.PipelineBalanceScorer`), and the
+other stages wait in pipeline bubbles. An episode of hot DP groups that stays
+(Jaccard >= 0.5 from one iteration to the next) for ``transient_max + 1``
+iterations is an incident; it stays active while any group is hot.
+
+Example::
+
+    >>> from analyzer.config import AnalyzerConfig
+    >>> from rankscope.schema import DEFAULT_STAGES
+    >>> from rankscope.topology import Topology
+    >>> [c.value for c in PipelineRule("j", Topology(pp=2, dp=8, ep=4, gpus_per_node=4), DEFAULT_STAGES,
+    ...                                 AnalyzerConfig()).classes]
+    ['pipeline_imbalance']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.observation import Observation
+from analyzer.diagnosis.rule import Episode, jaccard
+from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.schema import StageSet
+from rankscope.topology import Topology, format_ranks
+
+
+class PipelineRule:
+    """A PP stage slower than its own past, relative to the other stages."""
+
+    classes = (IncidentClass.PIPELINE_IMBALANCE,)
+
+    def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
+        self.job, self.topo, self.stages, self.cfg = job, topo, stages, cfg
+        self.episode: Episode | None = None
+
+    def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
+        hot, ratio = obs.balance_hot, obs.balance_ratio
+        if not hot.any():
+            self.episode = None
+            return []
+        groups, stages = np.nonzero(hot)
+        best = int(np.argmax(ratio[groups, stages]))
+        s = int(stages[best])
+        ranks = np.sort(self.topo.members("dp")[np.unique(groups[stages == s])].reshape(-1))
+        ep = self.episode
+        if ep is not None and jaccard(ep.ranks, ranks) >= 0.5:
+            ep.streak += 1
+        else:
+            self.episode = ep = Episode(ranks, self.stages.names[s], float(ratio[groups[best], s]),
+                                        obs.iteration, obs.time_ms)
+        if ep.streak != self.cfg.transient_max + 1:
+            return []
+        for inc in book.open():
+            if inc.cls == IncidentClass.PIPELINE_IMBALANCE and jaccard(np.asarray(inc.ranks), ep.ranks) >= 0.5:
+                return []
+        pps = np.unique(self.topo.pp_index[ep.ranks])
+        inc = Incident(id=incident_id(IncidentClass.PIPELINE_IMBALANCE, ep.onset, ep.ranks), job=self.job,
+                       cls=IncidentClass.PIPELINE_IMBALANCE, ranks=ep.ranks.tolist(),
+                       nodes=self.topo.nodes_of(ep.ranks).tolist(), stage=ep.stage,
+                       ratio=float(ratio[groups[best], s]), group_type="pipeline",
+                       group_ranks=self.topo.group_ranks("pipeline", int(ep.ranks[0])).tolist(),
+                       onset_iteration=ep.onset, onset_ms=ep.onset_ms)
+        inc.evidence = {
+            "summary": (f"Pipeline stage(s) pp={format_ranks(pps)} take {inc.ratio:.2f}x their usual share of "
+                        f"{ep.stage} against the other stages, on all their ranks alike (no rank stands out "
+                        f"in its DP group): the stage has more work, and the other stages wait in pipeline "
+                        f"bubbles (pp_recv/pp_send)."),
+            "stage": ep.stage, "ratio": round(inc.ratio, 3), "pp": pps.tolist(),
+            "group": {"type": "pipeline", "ranks": format_ranks(inc.group_ranks)}, "l1": obs.l1_step,
+        }
+        book.judge_events(inc, obs.window)
+        book.register(inc)
+        return [inc]
+
+    def active(self, inc: Incident, obs: Observation) -> bool:
+        return self.episode is not None
+
+    def quiet_to_resolve(self, inc: Incident) -> int:
+        return self.cfg.resolve_after
+
+    def resolved(self, inc: Incident) -> None:
+        return None
+
+    def adopt(self, inc: Incident) -> None:
+        return None

@@ -1,0 +1,143 @@
+"""Evidence of a rank-level incident: how much slower, against which group, and what the
+culprits' own collectives did. Shared by the straggler and the transient-stall rules.
+
+Collective times are symptoms (mostly waiting), so the evidence that names a
+culprit is a compute or host stage slow against its peers while its own
+collectives are SHORT: it arrived last and everybody else waited for it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from analyzer.diagnosis.observation import Observation
+from analyzer.group_scores import group_medians
+from analyzer.rank_scores import peer_kind
+from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.schema import StageSet
+from rankscope.topology import Topology, format_ranks
+
+#: Group kinds that can localise a compute culprit, smallest first (pipeline
+#: members do different work, so they are not peers).
+LOCAL_KINDS = ("tp", "node", "ep", "dp")
+
+
+def onset_gap(transient_max: int) -> int:
+    """Onsets this close belong to one fault."""
+    return transient_max + 1
+
+
+def split_by_onset_and_place(ranks: np.ndarray, onsets: np.ndarray, gap: int,
+                             gpus_per_node: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Ranks that went slow together (onsets within ``gap``) and sit together (no more than a
+    node apart) are one fault; the rest are others."""
+    order = np.argsort(onsets, kind="stable")
+    ranks, onsets = ranks[order], onsets[order]
+    cuts = np.flatnonzero(np.diff(onsets) > gap) + 1
+    parts = []
+    for part_r, part_o in zip(np.split(ranks, cuts), np.split(onsets, cuts), strict=True):
+        o = np.argsort(part_r, kind="stable")
+        part_r, part_o = part_r[o], part_o[o]
+        gaps = np.flatnonzero(np.diff(part_r) > gpus_per_node) + 1
+        parts += list(zip(np.split(part_r, gaps), np.split(part_o, gaps), strict=True))
+    return parts
+
+
+def new_rank_incident(job: str, cls: IncidentClass, stage: str, ranks: np.ndarray, onsets: np.ndarray,
+                      obs: Observation, topo: Topology) -> Incident:
+    """An incident for culprit ranks of one stage (evidence still to be written)."""
+    onset = int(onsets.min())
+    return Incident(
+        id=incident_id(cls, onset, ranks), job=job, cls=cls, ranks=sorted(ranks.tolist()),
+        nodes=topo.nodes_of(ranks).tolist(), stage=stage, ratio=1.0, group_type=None, group_ranks=[],
+        onset_iteration=onset, onset_ms=obs.window.time_of(onset, obs.time_ms),
+    )
+
+
+def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages: StageSet) -> None:
+    """Ratio, localising group, collective behaviour and the L1 context of a rank incident."""
+    win = obs.window
+    s = stages.index(inc.stage)
+    ranks = np.asarray(inc.ranks, dtype=np.int64)
+    since = win.since(inc.onset_iteration, inc.resolved_iteration if inc.resolved_iteration >= 0 else None)
+    vals = win.values[since][:, :, s]                       # [T, R]
+    peers = peer_kind(topo)
+    culprit_ms = float(np.nanmedian(vals[:, ranks]))
+    # peers' median with the culprits left out (robust for small groups too)
+    v_wo = vals.copy()
+    v_wo[:, ranks] = np.nan
+    peer_med = group_medians(v_wo.T, topo.members(peers))   # [G, T]
+    gid = topo.group_ids(peers)[ranks]
+    group_median_ms = float(np.nanmedian(peer_med[gid]))
+    ratio = culprit_ms / group_median_ms if group_median_ms > 0 else float("nan")
+    inc.ratio = ratio
+    # localising group: the smallest group holding every culprit in which they stand out
+    loc_kind, loc_ranks = peers, topo.group_ranks(peers, int(ranks[0]))
+    for kind in LOCAL_KINDS:
+        if topo.group_size(kind) < 2:
+            continue
+        members = topo.group_ranks(kind, int(ranks[0]))
+        if not np.isin(ranks, members).all() or len(members) <= len(ranks):
+            continue
+        others = np.setdiff1d(members, ranks)
+        med_others = float(np.nanmedian(vals[:, others]))
+        if med_others > 0 and culprit_ms / med_others >= 1 + (ratio - 1) / 2:
+            loc_kind, loc_ranks = kind, members
+            break
+    g = vals[:, loc_ranks]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # iterations where the group is silent
+        loc_cv = float(np.nanmedian(np.nanstd(g, axis=1) / np.nanmean(g, axis=1)))
+    inc.group_type, inc.group_ranks = loc_kind, loc_ranks.tolist()
+    comm, arrived_last = _collectives(inc, ranks, since, obs, topo, stages)
+    compute_only = stages[inc.stage].kind == "compute"
+    ratio_txt = f"{ratio:.1f}x" if np.isfinite(ratio) else "?"
+    summary = (f"Ranks {format_ranks(inc.ranks)} ({inc.where}) take {ratio_txt} the time of their "
+               f"{loc_kind.upper() if loc_kind in ('ep', 'dp', 'tp') else loc_kind} group "
+               f"{format_ranks(loc_ranks)} in {inc.stage}"
+               f"{', a compute-only stage' if compute_only else ', a host-side stage'}"
+               f" ({culprit_ms:.0f} ms vs {group_median_ms:.0f} ms; group CV {loc_cv:.2f}).")
+    if arrived_last:
+        ex = next(c for c in comm if c["culprits_short"])
+        summary += (f" Their own collectives are short ({ex['stage']} {ex['culprit_ms']:.0f} ms vs "
+                    f"{ex['groupmates_ms']:.0f} ms for their group-mates): they arrive last and the "
+                    f"group waits for them, so the slowness travels as communication waits.")
+    if obs.l1_step:
+        summary += (f" Job iteration time {obs.l1_step['before_ms'] / 1000:.1f} s -> "
+                    f"{obs.l1_step['after_ms'] / 1000:.1f} s at iteration {obs.l1_step['iteration']}.")
+    if inc.cls == IncidentClass.TRANSIENT_STALL:
+        summary += f" It lasted {max(1, obs.iteration - inc.onset_iteration)} iteration(s) and passed."
+    inc.evidence = {
+        "summary": summary, "stage": inc.stage, "stage_kind": stages[inc.stage].kind,
+        "ratio": round(ratio, 3), "culprit_ms": round(culprit_ms, 3),
+        "group_median_ms": round(group_median_ms, 3), "peer_group": peers,
+        "group": {"type": loc_kind, "id": int(topo.group_ids(loc_kind)[ranks[0]]),
+                  "ranks": format_ranks(loc_ranks), "cv": round(loc_cv, 3)},
+        "collectives": comm, "arrived_last": arrived_last, "l1": obs.l1_step,
+    }
+
+
+def _collectives(inc: Incident, ranks: np.ndarray, since: np.ndarray, obs: Observation, topo: Topology,
+                 stages: StageSet) -> tuple[list[dict], bool]:
+    """Per collective stage: the culprits' time against their group-mates' (now and before the
+    onset); whether the culprits' collectives are short in most of them (they arrived last)."""
+    win = obs.window
+    now, before = win.values[since], win.values[win.before(inc.onset_iteration)]
+    comm = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # iterations in which nobody reported
+        for j, st in enumerate(stages):
+            if st.kind != "comm" or topo.group_size(st.group) < 2:
+                continue
+            groups = np.unique(topo.group_ids(st.group)[ranks])
+            mates = np.setdiff1d(topo.members(st.group)[groups].reshape(-1), ranks)
+            c_ms = float(np.nanmedian(now[:, ranks, j]))
+            m_ms = float(np.nanmedian(now[:, mates, j])) if len(mates) else float("nan")
+            m_before = float(np.nanmedian(before[:, mates, j])) if len(mates) and len(before) else float("nan")
+            comm.append({"stage": st.name, "group": st.group, "culprit_ms": round(c_ms, 3),
+                         "groupmates_ms": round(m_ms, 3), "groupmates_before_ms": round(m_before, 3),
+                         "culprits_short": bool(np.isfinite(m_ms) and c_ms < 0.8 * m_ms)})
+    short = sum(c["culprits_short"] for c in comm)
+    return comm, bool(comm) and short >= max(1, len(comm) // 2)

@@ -1,0 +1,97 @@
+"""The protocol every diagnosis rule follows, and small set helpers the rules share.
+
+A rule owns one family of fault classes: it *detects* new incidents (and
+updates the ones it owns) from an :class:`~analyzer.diagnosis.observation.Observation`,
+writes their *evidence*, and says whether an incident of its own is still
+*active* (the :class:`~analyzer.diagnosis.diagnoser.Diagnoser` resolves it after
+``quiet_to_resolve`` inactive iterations). Adding a fault class is one new
+rule module plus its entry in :data:`analyzer.diagnosis.diagnoser.RULES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.observation import Observation
+from rankscope.incident import Incident, IncidentClass
+
+
+class Rule(Protocol):
+    """One family of fault classes: detect, evidence, resolve."""
+
+    #: The incident classes this rule creates (and resolves).
+    classes: tuple[IncidentClass, ...]
+
+    def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
+        """New incidents, and own open incidents changed by this iteration (registered in ``book``)."""
+        ...
+
+    def active(self, inc: Incident, obs: Observation) -> bool:
+        """Whether an open incident of this rule still shows in this iteration."""
+        ...
+
+    def quiet_to_resolve(self, inc: Incident) -> int:
+        """Inactive iterations in a row after which ``inc`` resolves."""
+        ...
+
+    def resolved(self, inc: Incident) -> None:
+        """Release what the rule held for ``inc`` (it has just resolved)."""
+        ...
+
+    def adopt(self, inc: Incident) -> None:
+        """Take over an open incident read back from the store (after a restart)."""
+        ...
+
+
+def overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """Share of the smaller set that the two have in common (the overlap coefficient)."""
+    if not len(a) or not len(b):
+        return 0.0
+    return len(np.intersect1d(a, b)) / min(len(a), len(b))
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Shared over united."""
+    if not len(a) and not len(b):
+        return 1.0
+    inter = len(np.intersect1d(a, b))
+    return inter / (len(a) + len(b) - inter)
+
+
+def distance(ranks: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Per rank, the distance to the nearest of ``others`` (sorted or not)."""
+    if not len(others):
+        return np.full(len(ranks), np.iinfo(np.int64).max)
+    o = np.sort(others)
+    i = np.clip(np.searchsorted(o, ranks), 1, len(o) - 1) if len(o) > 1 else np.zeros(len(ranks), np.int64)
+    lo = np.abs(ranks - o[np.maximum(i - 1, 0)])
+    hi = np.abs(ranks - o[i])
+    return np.minimum(lo, hi)
+
+
+@dataclass
+class Episode:
+    """A group-level signal being confirmed over iterations (link floors, pipeline stages)."""
+
+    ranks: np.ndarray
+    stage: str | None
+    ratio: float
+    onset: int
+    onset_ms: int
+    streak: int = 1
+    hits: dict[int, int] = field(default_factory=dict)
+
+    def count(self, ranks: np.ndarray) -> None:
+        """Tally the ranks implicated this iteration."""
+        for r in ranks.tolist():
+            self.hits[r] = self.hits.get(r, 0) + 1
+
+    def steady(self) -> np.ndarray:
+        """Ranks implicated in at least half of the episode's iterations."""
+        if not self.hits:
+            return self.ranks
+        return np.array(sorted(r for r, n in self.hits.items() if n * 2 >= self.streak), dtype=np.int64)

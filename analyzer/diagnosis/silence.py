@@ -1,0 +1,75 @@
+"""Rule: silent ranks, ranks that stop reporting while the rest of the job goes on.
+
+A rank seen before and missing for ``silent_after`` iterations in a row, while
+at least half of the job reports (otherwise the whole job paused, or the
+collector pipeline did), is silent; ranks going silent in the same iteration
+form one incident. It resolves as soon as all of its ranks report again.
+
+Example::
+
+    >>> from analyzer.config import AnalyzerConfig
+    >>> from rankscope.topology import Topology
+    >>> [c.value for c in SilenceRule("j", Topology(dp=8, gpus_per_node=4), AnalyzerConfig()).classes]
+    ['silent_rank']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.observation import Observation
+from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.topology import Topology, format_ranks
+
+
+class SilenceRule:
+    """Hung or crashed processes (or their collectors)."""
+
+    classes = (IncidentClass.SILENT_RANK,)
+
+    def __init__(self, job: str, topo: Topology, cfg: AnalyzerConfig):
+        self.job, self.topo, self.cfg = job, topo, cfg
+        self.seen = np.zeros(topo.world, dtype=bool)
+        self.missing = np.zeros(topo.world, dtype=np.int64)
+        self.missing_since = np.zeros(topo.world, dtype=np.int64)
+
+    def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
+        present = obs.present
+        self.missing_since = np.where(present, 0, np.where(self.missing == 0, obs.iteration, self.missing_since))
+        self.missing = np.where(present, 0, self.missing + 1)
+        self.seen |= present
+        if present.mean() < 0.5:
+            return []
+        silent = self.seen & (self.missing >= self.cfg.silent_after)
+        taken = np.zeros_like(silent)
+        for inc in book.open():
+            if inc.cls == IncidentClass.SILENT_RANK:
+                taken[np.asarray(inc.ranks, dtype=np.int64)] = True
+        new = np.flatnonzero(silent & ~taken)
+        if not len(new):
+            return []
+        onset = int(self.missing_since[new].min())
+        nodes = self.topo.nodes_of(new)
+        inc = Incident(id=incident_id(IncidentClass.SILENT_RANK, onset, new), job=self.job,
+                       cls=IncidentClass.SILENT_RANK, ranks=new.tolist(), nodes=nodes.tolist(), stage=None,
+                       ratio=0.0, group_type="node", group_ranks=self.topo.node_ranks(nodes).tolist(),
+                       onset_iteration=onset, onset_ms=obs.time_ms)
+        inc.evidence = {"summary": (f"Ranks {format_ranks(new)} ({inc.where}) stopped reporting "
+                                    f"at iteration {onset} while the other ranks go on: a hung or crashed "
+                                    f"process, or its collector.")}
+        book.register(inc)
+        return [inc]
+
+    def active(self, inc: Incident, obs: Observation) -> bool:
+        return not obs.present[np.asarray(inc.ranks, dtype=np.int64)].all()
+
+    def quiet_to_resolve(self, inc: Incident) -> int:
+        return 1
+
+    def resolved(self, inc: Incident) -> None:
+        return None
+
+    def adopt(self, inc: Incident) -> None:
+        return None

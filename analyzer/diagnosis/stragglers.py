@@ -1,0 +1,122 @@
+"""Rule: compute stragglers and host stalls, ranks slow in a compute or host stage for long.
+
+A (rank, stage) cell hot for more than ``transient_max`` iterations in a row
+is confirmed: a compute straggler when the stage is compute-only, a host
+stall when it is host-side (the data loader). Ranks confirmed together
+(onsets within ``transient_max + 1`` iterations, at most a node apart) form one
+incident; ranks confirmed later that overlap an open incident, or sit next to
+it with a close onset in the same stage, join it. The incident stays active
+while at least half of its reporting culprits are hot in its stage.
+
+Example::
+
+    >>> from analyzer.config import AnalyzerConfig
+    >>> from rankscope.schema import DEFAULT_STAGES
+    >>> from rankscope.topology import Topology
+    >>> rule = StragglerRule("j", Topology(pp=2, dp=8, ep=4, gpus_per_node=4), DEFAULT_STAGES,
+    ...                      AnalyzerConfig(), RankCells(16, 10))
+    >>> sorted(c.value for c in rule.classes)
+    ['compute_straggler', 'host_stall']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.observation import Observation
+from analyzer.diagnosis.rank_cells import RankCells
+from analyzer.diagnosis.rank_evidence import (
+    new_rank_incident,
+    onset_gap,
+    split_by_onset_and_place,
+    write_rank_evidence,
+)
+from analyzer.diagnosis.rule import distance
+from rankscope.incident import Incident, IncidentClass
+from rankscope.schema import StageSet
+from rankscope.topology import Topology
+
+
+class StragglerRule:
+    """Persistent rank-level slowness in a compute (straggler) or host (stall) stage."""
+
+    classes = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.HOST_STALL)
+
+    def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig, cells: RankCells):
+        self.job, self.topo, self.stages, self.cfg, self.cells = job, topo, stages, cfg, cells
+
+    def class_of(self, stage: int) -> IncidentClass:
+        return (IncidentClass.HOST_STALL if self.stages.stages[stage].kind == "host"
+                else IncidentClass.COMPUTE_STRAGGLER)
+
+    def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
+        cells = self.cells
+        confirmed = obs.hot & (cells.streak > self.cfg.transient_max) & ~cells.assigned
+        if not confirmed.any():
+            return []
+        out: list[Incident] = []
+        gap = onset_gap(self.cfg.transient_max)
+        ranks_c, stages_c = np.nonzero(confirmed)
+        for s in np.unique(stages_c):
+            s = int(s)
+            ranks = np.unique(ranks_c[stages_c == s])
+            stage = self.stages.stages[s].name
+            cls = self.class_of(s)
+            onsets = cells.onset[ranks, s]
+            ranks, onsets = self._join_open(ranks, onsets, s, cls, obs, book, out)
+            if not len(ranks):
+                continue
+            for part_r, part_o in split_by_onset_and_place(ranks, onsets, gap, self.topo.gpus_per_node):
+                inc = new_rank_incident(self.job, cls, stage, part_r, part_o, obs, self.topo)
+                cells.claim(part_r, s)
+                write_rank_evidence(inc, obs, self.topo, self.stages)
+                book.judge_events(inc, obs.window)
+                book.register(inc)
+                out.append(inc)
+        return out
+
+    def _join_open(self, ranks: np.ndarray, onsets: np.ndarray, s: int, cls: IncidentClass,
+                   obs: Observation, book: IncidentBook, out: list[Incident]) -> tuple[np.ndarray, np.ndarray]:
+        """Ranks that fit an open incident of the same class join it; the rest are returned."""
+        stage = self.stages.stages[s].name
+        gap = onset_gap(self.cfg.transient_max)
+        for inc in book.open():
+            if inc.cls != cls:
+                continue
+            overlap = np.isin(ranks, inc.ranks)
+            near = np.abs(onsets - inc.onset_iteration) <= gap
+            close = distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node
+            join = overlap | (near & close & (inc.stage == stage))
+            mostly = overlap.sum() >= 0.5 * len(ranks)
+            if mostly or join.any():
+                take = ranks[join | mostly]
+                self.cells.claim(take, s)
+                if inc.stage == stage and not np.isin(take, inc.ranks).all():
+                    inc.ranks = sorted(set(inc.ranks) | set(take.tolist()))
+                    inc.nodes = self.topo.nodes_of(inc.ranks).tolist()
+                    write_rank_evidence(inc, obs, self.topo, self.stages)
+                    out.append(inc)
+                keep = ~np.isin(ranks, take)
+                ranks, onsets = ranks[keep], onsets[keep]
+            if not len(ranks):
+                break
+        return ranks, onsets
+
+    def active(self, inc: Incident, obs: Observation) -> bool:
+        ranks = np.asarray(inc.ranks, dtype=np.int64)
+        reporting = obs.present[ranks]
+        if not reporting.any():
+            return True  # silent culprits are not recovered culprits
+        return bool(obs.hot[ranks[reporting], self.stages.index(inc.stage)].mean() >= 0.5)
+
+    def quiet_to_resolve(self, inc: Incident) -> int:
+        return self.cfg.resolve_after
+
+    def resolved(self, inc: Incident) -> None:
+        self.cells.claim(inc.ranks, self.stages.index(inc.stage), held=False)
+
+    def adopt(self, inc: Incident) -> None:
+        if inc.stage in self.stages:
+            self.cells.claim(inc.ranks, self.stages.index(inc.stage))

@@ -1,0 +1,286 @@
+"""The incident model: what the diagnosis found, as operators, reports and Grafana see it.
+
+One :class:`Incident` per fault until it resolves. It is written to the
+``incident`` measurement as one point keyed by its onset time (tags job, id,
+class) and rewritten in place as it evolves, so re-running a cycle or
+restarting the analyzer never duplicates it. The analyzer creates incidents,
+the report and the dashboards read them back with :func:`load_incidents` /
+:func:`load_incident`: one record, one parser, one list of classes
+(:class:`IncidentClass`).
+
+Example::
+
+    >>> inc = Incident(id="cs-30-r10352", job="il-0477", cls=IncidentClass.COMPUTE_STRAGGLER,
+    ...                ranks=list(range(10352, 10360)), nodes=[1294], stage="mlp", ratio=5.7,
+    ...                group_type="ep", group_ranks=list(range(10336, 10368)),
+    ...                onset_iteration=30, onset_ms=1_000, hosts=["gpu-node-01294"])
+    >>> inc.title
+    'compute straggler: ranks 10352-10359 on gpu-node-01294 in mlp (5.7x)'
+    >>> Incident.from_row(inc.to_row()) == inc
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from rankscope import schema
+from rankscope.topology import format_ranks, parse_ranks
+
+if TYPE_CHECKING:  # the store's interface, for the loaders' signatures
+    from rankscope.store.base import Store
+
+
+class IncidentClass(StrEnum):
+    """The fault classes the diagnosis names."""
+
+    COMPUTE_STRAGGLER = "compute_straggler"
+    LINK_DEGRADATION = "link_degradation"
+    PIPELINE_IMBALANCE = "pipeline_imbalance"
+    TRANSIENT_STALL = "transient_stall"
+    HOST_STALL = "host_stall"
+    SILENT_RANK = "silent_rank"
+
+    @property
+    def label(self) -> str:
+        """Words for people: ``compute straggler``."""
+        return self.value.replace("_", " ")
+
+    @property
+    def short(self) -> str:
+        """Two letters for incident ids: ``cs``."""
+        return "".join(word[0] for word in self.value.split("_"))
+
+
+class Verdict(StrEnum):
+    """What the evidence says of an out-of-band event."""
+
+    SUPPORTED = "supported"
+    CONTRADICTED = "contradicted"
+    UNRELATED = "unrelated"
+
+
+class Status(StrEnum):
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+@dataclass
+class EventVerdict:
+    """One out-of-band event judged against one incident."""
+
+    name: str
+    node: int
+    verdict: str
+    reason: str
+    time_ms: int = 0
+    host: str = ""
+    rank: int = -1
+    status: str = "firing"
+
+    @property
+    def where(self) -> str:
+        return self.host or (f"node {self.node}" if self.node >= 0 else "the job")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "host": self.host, "node": int(self.node), "rank": int(self.rank),
+                "status": self.status, "verdict": self.verdict, "reason": self.reason,
+                "time_ms": int(self.time_ms)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EventVerdict:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Incident:
+    """One diagnosed fault.
+
+    ``ranks`` are the culprits, ``nodes`` the node numbers and ``hosts`` the host
+    names they ran on (what an operator drains), ``stage`` the stage that names
+    them, ``ratio`` how much slower they are than their peers, ``group_*`` the
+    group that localised them; ``evidence`` holds the numbers behind the verdict.
+    """
+
+    id: str
+    job: str
+    cls: IncidentClass
+    ranks: list[int]
+    nodes: list[int]
+    stage: str | None
+    ratio: float
+    group_type: str | None
+    group_ranks: list[int]
+    onset_iteration: int
+    onset_ms: int
+    status: str = Status.OPEN
+    resolved_iteration: int = -1
+    events: list[EventVerdict] = field(default_factory=list)
+    evidence: dict = field(default_factory=dict)
+    updated_ms: int = 0
+    hosts: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.cls = IncidentClass(self.cls)
+        self.status = Status(self.status)
+
+    @property
+    def is_open(self) -> bool:
+        return self.status == Status.OPEN
+
+    def resolve(self, iteration: int) -> None:
+        self.status = Status.RESOLVED
+        self.resolved_iteration = int(iteration)
+
+    # ------------------------------------------------------------- wording
+    @property
+    def where(self) -> str:
+        """The machines: host names when known, else node numbers."""
+        if self.hosts:
+            return ", ".join(self.hosts) if len(self.hosts) <= 4 else f"{len(self.hosts)} hosts"
+        if self.nodes:
+            return f"node {format_ranks(self.nodes)}" if len(self.nodes) <= 4 else f"{len(self.nodes)} nodes"
+        return "?"
+
+    @property
+    def title(self) -> str:
+        stage = f" in {self.stage}" if self.stage else ""
+        ratio = f" ({self.ratio:.1f}x)" if self.ratio and self.cls != IncidentClass.SILENT_RANK else ""
+        return f"{self.cls.label}: ranks {format_ranks(self.ranks)} on {self.where}{stage}{ratio}"
+
+    @property
+    def text(self) -> str:
+        parts = [self.evidence.get("summary", self.title)]
+        for e in self.events:
+            parts.append(f"Event '{e.name}' on {e.where}: {e.verdict} ({e.reason}).")
+        if self.status == Status.RESOLVED:
+            parts.append(f"Resolved at iteration {self.resolved_iteration}.")
+        return " ".join(parts)
+
+    @property
+    def tags(self) -> str:
+        return ",".join(["rankscope", self.cls.value, f"job:{self.job}", self.status.value]
+                        + [f"host:{h}" for h in self.hosts[:8]] + [f"node:{n}" for n in self.nodes[:8]])
+
+    # ---------------------------------------------------------- conversions
+    def to_json(self) -> dict:
+        """The ``analyze --once --json`` shape."""
+        return {
+            "id": self.id, "job": self.job, "class": self.cls.value, "status": self.status.value,
+            "ranks": [int(r) for r in self.ranks], "nodes": [int(n) for n in self.nodes],
+            "hosts": list(self.hosts), "stage": self.stage, "ratio": round(float(self.ratio), 3),
+            "group": {"type": self.group_type, "ranks": [int(r) for r in self.group_ranks]},
+            "onset_iteration": int(self.onset_iteration), "onset_ms": int(self.onset_ms),
+            "resolved_iteration": int(self.resolved_iteration),
+            "events": [e.to_json() for e in self.events],
+            "title": self.title, "evidence": _plain(self.evidence),
+        }
+
+    def to_row(self) -> dict:
+        """One ``incident`` point (fields as :data:`rankscope.schema.MEASUREMENTS`)."""
+        return {
+            "time": int(self.onset_ms), "job": self.job, "id": self.id, "class": self.cls.value,
+            "title": self.title, "text": self.text, "tags": self.tags, "status": self.status.value,
+            "ranks": format_ranks(self.ranks), "nodes": format_ranks(self.nodes),
+            "hosts": ",".join(self.hosts),
+            "stage": self.stage or "", "ratio": float(self.ratio),
+            "group_type": self.group_type or "", "group_ranks": format_ranks(self.group_ranks),
+            "onset_iteration": int(self.onset_iteration), "resolved_iteration": int(self.resolved_iteration),
+            "events": json.dumps([e.to_json() for e in self.events]),
+            "evidence": json.dumps(_plain(self.evidence)), "updated_ms": int(self.updated_ms),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict) -> Incident:
+        """An incident read back from an ``incident`` point (tolerant of missing fields)."""
+        def ints(text: object) -> list[int]:
+            return parse_ranks(text).tolist() if isinstance(text, str) and text.strip() else []
+
+        def loads(text: object, empty: Any) -> Any:
+            try:
+                return json.loads(text) if isinstance(text, str) and text else empty
+            except ValueError:
+                return empty
+
+        def num(key: str, default: float) -> float:
+            value = row.get(key)
+            return default if value is None or value != value else value  # None or NaN
+
+        hosts = row.get("hosts")
+        return cls(
+            id=str(row["id"]), job=str(row["job"]), cls=IncidentClass(str(row["class"])),
+            ranks=ints(row.get("ranks")), nodes=ints(row.get("nodes")),
+            stage=row.get("stage") or None, ratio=float(num("ratio", 0.0)),
+            group_type=row.get("group_type") or None, group_ranks=ints(row.get("group_ranks")),
+            onset_iteration=int(num("onset_iteration", -1)), onset_ms=int(row["time"]),
+            status=Status(str(row.get("status") or "open")),
+            resolved_iteration=int(num("resolved_iteration", -1)),
+            events=[EventVerdict.from_json(e) for e in loads(row.get("events"), [])],
+            evidence=loads(row.get("evidence"), {}), updated_ms=int(num("updated_ms", 0)),
+            hosts=[h for h in hosts.split(",") if h] if isinstance(hosts, str) else [],
+        )
+
+
+def incidents_frame(incidents: list[Incident]) -> pd.DataFrame:
+    """``incident`` points for :meth:`Store.write_measurement`."""
+    return pd.DataFrame([i.to_row() for i in incidents])
+
+
+def incident_id(cls: IncidentClass, onset_iteration: int, ranks) -> str:
+    """Stable and readable: the same fault found again gets the same id."""
+    return f"{IncidentClass(cls).short}-{int(onset_iteration)}-r{int(np.min(ranks))}"
+
+
+def _latest_rows(store: Store, job: str) -> pd.DataFrame:
+    df = store.read(schema.INCIDENT, job)
+    if not len(df):
+        return df
+    sort = ["time", "updated_ms"] if "updated_ms" in df.columns else ["time"]
+    return df.sort_values(sort, kind="stable").drop_duplicates("id", keep="last")
+
+
+def load_incidents(store: Store, job: str) -> list[Incident]:
+    """Every incident of a job as stored (the latest version of each id), oldest onset first."""
+    return [Incident.from_row(r) for r in _latest_rows(store, job).to_dict("records")]
+
+
+def load_incident(store: Store, job: str, incident_id: str | None = None) -> Incident:
+    """The incident ``incident_id`` of ``job``, or its most recent one (latest onset)."""
+    df = _latest_rows(store, job)
+    if not len(df):
+        raise ValueError(f"job {job!r} has no incidents in {store!r} (has the analyzer run?)")
+    if incident_id is not None:
+        hit = df[df["id"].astype(str) == incident_id]
+        if not len(hit):
+            known = ", ".join(df["id"].astype(str).tolist()[-10:])
+            raise ValueError(f"job {job!r} has no incident {incident_id!r}; known: {known}")
+        return Incident.from_row(hit.iloc[-1].to_dict())
+    return Incident.from_row(df.iloc[-1].to_dict())
+
+
+def _plain(o: Any) -> Any:
+    """``o`` with numpy scalars and arrays turned into JSON's types (NaN kept as NaN)."""
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return _plain(o.tolist())
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, StrEnum):
+        return o.value
+    return o
+
+
+__all__ = ["EventVerdict", "Incident", "IncidentClass", "Status", "Verdict", "incident_id",
+           "incidents_frame", "load_incident", "load_incidents"]
