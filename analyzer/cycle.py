@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from analyzer.config import AnalyzerConfig
@@ -35,7 +36,7 @@ from rankscope.frames import frame_to_cube
 from rankscope.incident import Incident, incidents_frame, load_incidents
 from rankscope.schema import DEFAULT_STAGES, StageSet
 from rankscope.store import Store
-from rankscope.topology import Topology, infer_topology
+from rankscope.topology import Topology, TopologyError, infer_topology
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +71,10 @@ class AnalyzerService:
         self.progress = progress
         self.analyzers: dict[str, JobAnalyzer] = {}
         self.watermark: dict[str, int] = {}   # time (ms) of the last processed iteration
-        self.events_seen: dict[str, int] = {}
 
     # --------------------------------------------------------------- start
     def _start_job(self, job: str, first: pd.DataFrame) -> JobAnalyzer:
-        topo = self.topology or infer_topology(
-            first["rank"], first["tp"], first["pp"], first["dp"], first["ep_group"], first["node"])
+        topo = self.topology or _topology_of(first)
         stages = self.stages or _stages_of(first.columns)
         ja = JobAnalyzer(job, topo, stages, self.cfg)
         ja.adopt(load_incidents(self.store, job))
@@ -113,6 +112,7 @@ class AnalyzerService:
             if ja is None:
                 ja = self.analyzers[job] = self._start_job(job, frame)
             frame = frame[frame[schema.ITERATION_FIELD] > ja.last_iteration]
+            self._follow_placement(ja, frame)
             more = len(times) == self.chunk
             frame = self._hold_back_incomplete(frame, ja, final or more)
             if not len(frame):
@@ -142,13 +142,31 @@ class AnalyzerService:
         report.changepoints += len(cps)
         report.incidents += list(changed.values())
 
+    def _follow_placement(self, ja: JobAnalyzer, frame: pd.DataFrame) -> None:
+        """When the hosts the ranks report put them elsewhere than the analyzer thinks (a
+        replaced node, a scheduler's own placement), follow the data."""
+        if "host" not in frame.columns or not len(frame) or self.topology is not None:
+            return
+        last = frame[frame[schema.ITERATION_FIELD] == frame[schema.ITERATION_FIELD].max()]
+        if len(last) < ja.topo.world:
+            return   # a partial iteration does not describe the placement
+        try:
+            topo = _topology_of(last)
+        except TopologyError as exc:
+            log.warning("job %s: host tags do not describe a placement (%s); keeping the old one", ja.job, exc)
+            return
+        if not ja.topo.same_placement(topo):
+            moved = np.flatnonzero(ja.topo.node_index != topo.node_index)
+            log.warning("job %s: rank placement changed (%d rank(s) on other nodes; hosts now %s...)",
+                        ja.job, len(moved), ", ".join((topo.hosts or ())[:3]))
+            ja.replace_placement(topo)
+
     def _read_events(self, job: str, ja: JobAnalyzer) -> None:
-        since = self.events_seen.get(job)
-        ev = self.store.read_events(job, start_ms=None if since is None else since + 1)
+        """The job's events and the cluster's (matched by host) that can still matter, read
+        again each time: monitoring posts late (Alertmanager's group_wait) and resolves later."""
+        ev = self.store.read_events(job, start_ms=ja.event_horizon_ms())
         if len(ev):
-            ja.add_events([OutOfBandEvent(int(r["time"]), str(r["name"]), int(r["node"]))
-                           for r in ev.to_dict("records")])
-            self.events_seen[job] = int(ev["time"].max())
+            ja.add_events([OutOfBandEvent.from_row(r) for r in ev.to_dict("records")])
 
     def _replay_start(self, job: str) -> int | None:
         """Where a fresh analyzer starts reading: everything, or the last ``history`` iterations
@@ -186,6 +204,13 @@ class AnalyzerService:
             if job is None or name == job:
                 out += ja.incidents()
         return sorted(out, key=lambda i: (i.job, i.onset_ms, i.id))
+
+
+def _topology_of(frame: pd.DataFrame) -> Topology:
+    """The topology (and, from ``host`` tags, the placement) that the rows' tags describe."""
+    hosts = frame["host"] if "host" in frame.columns else None
+    return infer_topology(frame["rank"], frame["tp"], frame["pp"], frame["dp"], frame["ep_group"],
+                          frame["node"], host=hosts)
 
 
 def _stages_of(columns) -> StageSet:

@@ -92,6 +92,18 @@ class JobAnalyzer:
         self.last_iteration, self.last_time_ms = iteration, time_ms
         return cps, incs
 
+    def replace_placement(self, topo: Topology) -> None:
+        """Follow a new rank placement (host names, nodes) of the same parallel layout, e.g. a
+        node replaced after an elastic restart; incidents from here on name the new hosts."""
+        if (topo.tp, topo.pp, topo.dp, topo.ep, topo.gpus_per_node) != (
+                self.topo.tp, self.topo.pp, self.topo.dp, self.topo.ep, self.topo.gpus_per_node):
+            raise ValueError(f"job {self.job}: the parallel layout changed ({self.topo} -> {topo}); "
+                             f"a new layout needs a new analyzer")
+        self.topo = topo
+        for part in (self.ranks, self.floors, self.balance):
+            part.topo = topo
+        self._diag.replace_topology(topo)
+
     # ------------------------------------------------- the job's incidents
     def incidents(self) -> list[Incident]:
         """Open and recently resolved incidents held in memory (all of them live in the store)."""
@@ -104,6 +116,10 @@ class JobAnalyzer:
     def add_events(self, events: list[OutOfBandEvent]) -> None:
         """Out-of-band events to judge against the incidents."""
         self._diag.add_events(events)
+
+    def event_horizon_ms(self) -> int | None:
+        """Events older than this cannot change any verdict (None: read them all)."""
+        return self._diag.book.horizon(self.window)
 
     @property
     def reporting_ranks(self) -> int:

@@ -5,7 +5,8 @@ Monitors outside the training job report events ("server port down", "GPU Xid
 IL-0477's port-down event sent them to repair a network that was fine. Each
 event is sorted into a category by its name, then judged against the incident:
 
-- on a node that is not a culprit, or outside the incident's time: ``unrelated``;
+- on a host (or node, or rank) that is not a culprit, or outside the incident's time:
+  ``unrelated``;
 - a network event on a culprit node: ``supported`` by a link degradation
   (transfer floors rose), ``contradicted`` by a compute/host straggler whose
   anomaly is in compute-only stages while its own collectives are short;
@@ -53,16 +54,45 @@ _NOT_NETWORK = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.HOST_STALL, Incid
 
 @dataclass(frozen=True)
 class OutOfBandEvent:
-    """An event from a monitor outside the training job, as read from the ``event`` measurement."""
+    """An event from a monitor outside the training job, as read from the ``event`` measurement.
+
+    It names a machine by ``host`` (what monitoring speaks in), or by the job's ``node``
+    number or ``rank`` (-1: not named); ``status`` is ``firing`` or ``resolved``.
+    """
 
     time_ms: int
     name: str
     node: int = -1
+    host: str = ""
+    rank: int = -1
+    status: str = "firing"
 
     @property
     def key(self) -> tuple:
-        """What makes two reads of one stored event the same event."""
-        return (self.time_ms, self.name, self.node)
+        """What makes two reads of one stored event the same event (a resolved notice of it
+        replaces the firing one)."""
+        return (self.time_ms, self.name, self.node, self.host, self.rank)
+
+    def names(self, ranks, nodes, hosts) -> bool:
+        """Whether the event is about one of these ranks, node ids or host names."""
+        return ((bool(self.host) and self.host in hosts) or (self.node >= 0 and self.node in nodes)
+                or (self.rank >= 0 and self.rank in ranks))
+
+    @classmethod
+    def from_row(cls, row: dict) -> OutOfBandEvent:
+        """An event from one ``event`` point (missing tags and fields mean "not named")."""
+        def integer(key: str) -> int:
+            value = row.get(key)
+            try:
+                return int(value) if value is not None and value == value and value != "" else -1
+            except (TypeError, ValueError):
+                return -1
+
+        host = row.get("host")
+        status = row.get("status")
+        return cls(time_ms=int(row["time"]), name=str(row.get("name") or "event"), node=integer("node"),
+                   host=host if isinstance(host, str) else "", rank=integer("rank"),
+                   status=status if isinstance(status, str) and status else "firing")
 
 
 def category(name: str) -> str | None:
@@ -78,13 +108,13 @@ def verdict(cat: str | None, incident_class: IncidentClass, on_culprit: bool) ->
     """``(verdict, reason)`` of one event for one incident."""
     cls = IncidentClass(incident_class)
     if not on_culprit:
-        return Verdict.UNRELATED, "not on a culprit node or outside the incident's time"
+        return Verdict.UNRELATED, "not on a culprit host or outside the incident's time"
     if cat is None:
         return Verdict.UNRELATED, "event type not recognised; not used as evidence"
     if cat in EXPLAINS[cls]:
         return Verdict.SUPPORTED, f"a {cat} event fits a {cls.label}"
     if cat == "network" and cls in _NOT_NETWORK:
-        return Verdict.CONTRADICTED, ("the anomaly is only in compute-only stages and this node's "
+        return Verdict.CONTRADICTED, ("the anomaly is only in compute-only stages and this host's "
                                       "collectives are short (it arrived last), not slow: its network "
                                       "is not the cause")
     if cat in ("compute", "host") and cls == IncidentClass.LINK_DEGRADATION:

@@ -88,12 +88,12 @@ def summary(ja, incidents) -> str:
         ev = inc.evidence
         g = ev.get("group", {})
         lines.append(f"L2 (inside parallel groups): {ev.get('summary', inc.title)}")
-        lines.append(f"Verdict: {inc.cls.replace('_', ' ')} on node {format_ranks(inc.nodes)} "
-                     f"(ranks {format_ranks(inc.ranks)}), stage {inc.stage}, {inc.ratio:.1f}x, localised by "
+        lines.append(f"Verdict: {inc.cls.label} on {inc.where} (ranks {format_ranks(inc.ranks)}, "
+                     f"node {format_ranks(inc.nodes)}), stage {inc.stage}, {inc.ratio:.1f}x, localised by "
                      f"{(g.get('type') or '?').upper()} group {g.get('ranks', '')} [{inc.status}].")
         if inc.cls == IncidentClass.COMPUTE_STRAGGLER:
-            lines.append("Action: drain and replace the node (its GPUs compute slowly); no network repair.")
+            lines.append(f"Action: drain {inc.where} and replace it (its GPUs compute slowly); "
+                         f"no network repair.")
         for e in inc.events:
-            lines.append(f"Event '{e.name}' on node {e.node}: {e.verdict.upper()} - {e.reason}.")
+            lines.append(f"Event '{e.name}' on {e.where}: {e.verdict.upper()} - {e.reason}.")
     return "\n".join(lines)
-

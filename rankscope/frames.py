@@ -76,6 +76,8 @@ def cube_to_frame(job: str, topo: Topology, iteration: int, time_ms: int,
         "tp": topo.tp_index[r],
         "ep_group": topo.group_ids("ep")[r],
         "node": topo.node_index[r],
+        **({"host": np.asarray(topo.hosts, dtype=object)[topo.node_index[r]]} if topo.hosts else {}),
+        "gpu": topo.local_index[r],
         schema.ITERATION_FIELD: np.full(len(r), iteration, dtype=np.int64),
         schema.ITERATION_MS_FIELD: np.asarray(iteration_ms, dtype=float),
     }

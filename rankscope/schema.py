@@ -4,9 +4,10 @@ Documented for people in ``docs/schema.md``; this module is the single source of
 truth that the collector, the analyzer and the dashboards import.
 
 ``stage_latency`` holds ONE point per rank per iteration (tags job, rank, pp, dp,
-tp, ep_group, node; one float field per stage in milliseconds, plus
-``iteration`` and ``iteration_ms``), so the series cardinality equals the rank
-count rather than ranks x stages.
+tp, ep_group, node and, where the collector knows them, host and gpu; one float
+field per stage in milliseconds, plus ``iteration`` and ``iteration_ms``), so the
+series cardinality equals the rank count rather than ranks x stages (a rank's
+host and GPU do not change while it runs).
 """
 
 from __future__ import annotations
@@ -131,12 +132,16 @@ L2_GROUP = "l2_group"
 L2_RANK = "l2_rank"
 INCIDENT = "incident"
 
-#: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames).
-RANK_TAGS = ("job", "rank", "pp", "dp", "tp", "ep_group", "node")
+#: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
+#: and host). ``host`` (the machine's host name) and ``gpu`` (the local device index) are
+#: written where the collector knows them.
+RANK_TAGS = ("job", "rank", "pp", "dp", "tp", "ep_group", "node", "host", "gpu")
 #: Non-stage fields of ``stage_latency``.
 ITERATION_FIELD = "iteration"
 ITERATION_MS_FIELD = "iteration_ms"
-RESERVED_FIELDS = frozenset({ITERATION_FIELD, ITERATION_MS_FIELD, "time", *RANK_TAGS})
+#: The GPU's UUID (``GPU-...``), a string field where known: one value per rank, not a tag.
+GPU_UUID_FIELD = "gpu_uuid"
+RESERVED_FIELDS = frozenset({ITERATION_FIELD, ITERATION_MS_FIELD, GPU_UUID_FIELD, "time", *RANK_TAGS})
 
 
 #: The default stages of an MoE transformer iteration (IL-0477's job).
@@ -172,9 +177,11 @@ MEASUREMENTS: dict[str, Measurement] = {
         "one point per rank per iteration; one float field (ms) per stage",
     ),
     EVENT: Measurement(
-        EVENT, ("job", "name", "node", "severity", "source"),
-        {"rank": "int", "text": "str", "value": "int"},
-        "out-of-band events (e.g. 'server port down'); rank -1 when the event names no rank",
+        EVENT, ("job", "name", "host", "node", "severity", "source"),
+        {"rank": "int", "text": "str", "value": "int", "status": "str", "ends_ms": "int"},
+        "out-of-band events (e.g. 'server port down'); time = when it started; rank -1 when the "
+        "event names no rank; job absent for cluster events (matched to jobs by host); status "
+        "firing|resolved (a resolved notice rewrites the firing point, ends_ms when it ended)",
     ),
     L1_CHANGEPOINT: Measurement(
         L1_CHANGEPOINT, ("job", "scope", "rank", "kind"),
@@ -197,7 +204,7 @@ MEASUREMENTS: dict[str, Measurement] = {
     INCIDENT: Measurement(
         INCIDENT, ("job", "id", "class"),
         {"title": "str", "text": "str", "tags": "str", "status": "str", "ranks": "str",
-         "nodes": "str", "stage": "str", "ratio": "float", "group_type": "str",
+         "nodes": "str", "hosts": "str", "stage": "str", "ratio": "float", "group_type": "str",
          "group_ranks": "str", "onset_iteration": "int", "resolved_iteration": "int",
          "events": "str", "evidence": "str", "updated_ms": "int"},
         "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved)",

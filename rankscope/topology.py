@@ -53,6 +53,14 @@ class Topology:
     order:
         The dimensions from fastest to slowest varying, joined by ``-``; any
         permutation of ``tp``, ``dp`` and ``pp``. Default Megatron-LM's ``tp-dp-pp``.
+    hosts:
+        The host name of every node id (what an operator drains), or None when unknown.
+    host_pattern:
+        Host names made from the node id instead, e.g. ``"gpu-node-{node:05d}"``.
+    placement:
+        The node id of every rank when the job's real placement (SLURM, torchrun, a node
+        replaced after an elastic restart) is not ``rank // gpus_per_node``; every node
+        must hold ``gpus_per_node`` ranks. None: the default block placement.
     """
 
     tp: int = 1
@@ -61,6 +69,9 @@ class Topology:
     ep: int = 1
     gpus_per_node: int = 8
     order: str = "tp-dp-pp"
+    hosts: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
+    host_pattern: str | None = field(default=None, compare=False)
+    placement: np.ndarray | None = field(default=None, compare=False, repr=False)
     _strides: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +96,34 @@ class Topology:
             strides[dim] = stride
             stride *= getattr(self, dim)
         object.__setattr__(self, "_strides", strides)
+        if self.placement is not None:
+            place = np.asarray(self.placement, dtype=np.int64).reshape(-1)
+            if len(place) != self.world:
+                raise TopologyError(f"placement names a node for {len(place)} ranks; the world has {self.world}")
+            if place.min() < 0 or place.max() >= self.nodes:
+                raise TopologyError(f"placement uses node ids outside 0..{self.nodes - 1}")
+            counts = np.bincount(place, minlength=self.nodes)
+            if (counts != self.gpus_per_node).any():
+                bad = int(np.flatnonzero(counts != self.gpus_per_node)[0])
+                raise TopologyError(f"placement puts {int(counts[bad])} ranks on node {bad}; every node "
+                                    f"holds gpus_per_node={self.gpus_per_node}")
+            place.setflags(write=False)
+            object.__setattr__(self, "placement", place)
+        if self.host_pattern is not None and self.hosts is None:
+            try:
+                names = tuple(self.host_pattern.format(node=n) for n in range(self.nodes))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise TopologyError(f"host_pattern {self.host_pattern!r} is not a pattern of {{node}} "
+                                    f"(e.g. 'gpu-node-{{node:05d}}'): {exc}") from None
+            object.__setattr__(self, "hosts", names)
+        if self.hosts is not None:
+            hosts = tuple(str(h) for h in self.hosts)
+            if len(hosts) != self.nodes:
+                raise TopologyError(f"{len(hosts)} host names for {self.nodes} nodes")
+            if len(set(hosts)) != len(hosts):
+                raise TopologyError("host names must be unique (one per node); a host_pattern must "
+                                    "use {node}")
+            object.__setattr__(self, "hosts", hosts)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -128,7 +167,39 @@ class Topology:
 
     @cached_property
     def node_index(self) -> np.ndarray:
-        return self.ranks // self.gpus_per_node
+        """Node id of every rank: the placement's, or ``rank // gpus_per_node``."""
+        return self.placement if self.placement is not None else self.ranks // self.gpus_per_node
+
+    @cached_property
+    def local_index(self) -> np.ndarray:
+        """Every rank's position on its node (0..gpus_per_node-1, by rank): its local GPU."""
+        order = np.lexsort((self.ranks, self.node_index))
+        local = np.empty(self.world, dtype=np.int64)
+        local[order] = np.tile(np.arange(self.gpus_per_node), self.nodes)
+        return local
+
+    def host_names(self, nodes) -> list[str]:
+        """Host names of node ids (``node N`` where the topology knows no host names)."""
+        n = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        if self.hosts is None:
+            return [f"node {int(x)}" for x in n]
+        return [self.hosts[int(x)] for x in n]
+
+    def hosts_of(self, ranks) -> list[str]:
+        """Sorted host names of the nodes holding ``ranks`` (empty when host names are unknown)."""
+        if self.hosts is None:
+            return []
+        return sorted(self.host_names(self.nodes_of(ranks)))
+
+    def with_placement(self, placement: np.ndarray | None, hosts: tuple[str, ...] | None) -> Topology:
+        """The same parallel layout with another rank placement and host names."""
+        return Topology(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, gpus_per_node=self.gpus_per_node,
+                        order=self.order, hosts=hosts, placement=placement)
+
+    def same_placement(self, other: Topology) -> bool:
+        """Whether ``other`` puts every rank on the same node with the same host names."""
+        return (self.hosts == other.hosts
+                and np.array_equal(self.node_index, other.node_index))
 
     def rank_of(self, tp=0, pp=0, dp=0) -> np.ndarray | int:
         """Global rank(s) for coordinates; accepts scalars or arrays (broadcast)."""
@@ -210,7 +281,7 @@ class Topology:
 
     def nodes_of(self, ranks) -> np.ndarray:
         """Sorted unique node ids hosting ``ranks``."""
-        return np.unique(self.check_ranks(ranks) // self.gpus_per_node)
+        return np.unique(self.node_index[self.check_ranks(ranks)])
 
     def node_ranks(self, nodes) -> np.ndarray:
         """All ranks of the given node ids, sorted."""
@@ -218,15 +289,18 @@ class Topology:
         bad = n[(n < 0) | (n >= self.nodes)]
         if bad.size:
             raise TopologyError(f"node {int(bad[0])} is outside 0..{self.nodes - 1}")
-        return np.sort((n[:, None] * self.gpus_per_node + np.arange(self.gpus_per_node)).reshape(-1))
+        return np.sort(self.members("node")[n].reshape(-1))
 
     def to_dict(self) -> dict[str, int | str]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
-                "gpus_per_node": self.gpus_per_node, "order": self.order}
+        out: dict[str, int | str] = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
+                                     "gpus_per_node": self.gpus_per_node, "order": self.order}
+        if self.host_pattern is not None:
+            out["host_pattern"] = self.host_pattern
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Topology:
-        allowed = {"tp", "pp", "dp", "ep", "gpus_per_node", "order"}
+        allowed = {"tp", "pp", "dp", "ep", "gpus_per_node", "order", "host_pattern"}
         unknown = set(data) - allowed
         if unknown:
             raise TopologyError(f"unknown topology key(s): {', '.join(sorted(unknown))}; "
@@ -278,13 +352,19 @@ def parse_ranks(spec) -> np.ndarray:
     return np.unique(np.concatenate(out))
 
 
-def infer_topology(ranks, tp, pp, dp, ep_group, node) -> Topology:
+def infer_topology(ranks, tp, pp, dp, ep_group, node, host=None) -> Topology:
     """The topology that produced these per-rank tags (from ``stage_latency``).
 
     Sizes are the largest index + 1, ``ep`` follows from the number of EP groups
     per DP group, ``gpus_per_node`` from the ranks per node, and the rank order
     is the one that maps every coordinate back to its rank. Raises when no
     topology fits (inconsistent tags).
+
+    ``host``: the host name each rank reported, when the collectors report one. The
+    node grouping then follows the hosts (node ids in order of each host's lowest
+    rank), whatever the ``node`` tags say: the real placement is not always
+    ``rank // gpus_per_node``. Hosts that do not hold equally many ranks (a partial
+    iteration) leave the placement to the ``node`` tags.
     """
     ranks, tp, pp, dp, ep_group, node = (np.asarray(a, dtype=np.int64) for a in (ranks, tp, pp, dp, ep_group, node))
     if ranks.size == 0:
@@ -295,9 +375,16 @@ def infer_topology(ranks, tp, pp, dp, ep_group, node) -> Topology:
     world = sizes["tp"] * sizes["pp"] * sizes["dp"]
     if ranks.max() >= world:
         raise TopologyError(f"rank {int(ranks.max())} does not fit tp*pp*dp = {world} from the tags")
+    placement, hosts = None, None
+    if host is not None:
+        names = np.asarray(host, dtype=object)[first]
+        placement, hosts = _placement_from_hosts(ranks, names, world)
     # ranks per node: the most common count of distinct ranks on a node, padded to the world
-    per_node = np.bincount(node, minlength=int(node.max()) + 1)
-    gpus = int(np.max(per_node))
+    if placement is not None:
+        gpus = world // len(hosts)
+    else:
+        per_node = np.bincount(node, minlength=int(node.max()) + 1)
+        gpus = int(np.max(per_node))
     if world % gpus:
         raise TopologyError(f"node tags give {gpus} ranks per node, which does not divide world {world}")
     # EP groups per DP group: distinct ep_group ids among ranks of one DP group
@@ -312,8 +399,32 @@ def infer_topology(ranks, tp, pp, dp, ep_group, node) -> Topology:
             continue
         if (np.array_equal(t.rank_of(tp=tp, pp=pp, dp=dp), ranks)
                 and np.array_equal(t.group_ids("ep")[ranks], ep_group)
-                and np.array_equal(t.node_index[ranks], node)):
-            return t
+                and (placement is not None or np.array_equal(t.node_index[ranks], node))):
+            if placement is None or np.array_equal(placement, t.node_index):
+                placement = None   # the default block placement: nothing to keep
+            return t.with_placement(placement, hosts) if (placement is not None or hosts) else t
     raise TopologyError(
         f"no rank order maps the tags to their ranks (sizes tp={sizes['tp']} pp={sizes['pp']} "
         f"dp={sizes['dp']} ep={ep} gpus_per_node={gpus})")
+
+
+def _placement_from_hosts(ranks: np.ndarray, names: np.ndarray, world: int
+                          ) -> tuple[np.ndarray | None, tuple[str, ...] | None]:
+    """Node id of every rank and the host of every node, from the hosts the ranks reported;
+    ``(None, None)`` when they do not describe a whole, even placement."""
+    known = np.array([isinstance(h, str) and h != "" for h in names])
+    if len(ranks) != world or not known.all():
+        return None, None
+    uniq, inverse = np.unique(names.astype(str), return_inverse=True)
+    counts = np.bincount(inverse)
+    if (counts != counts[0]).any() or world % len(uniq):
+        return None, None
+    # node ids in order of each host's lowest rank (the usual block placement keeps its numbers)
+    lowest = np.full(len(uniq), np.iinfo(np.int64).max)
+    np.minimum.at(lowest, inverse, ranks)
+    order = np.argsort(lowest, kind="stable")
+    node_of_host = np.empty(len(uniq), dtype=np.int64)
+    node_of_host[order] = np.arange(len(uniq))
+    placement = np.empty(world, dtype=np.int64)
+    placement[ranks] = node_of_host[inverse]
+    return placement, tuple(uniq[order].tolist())

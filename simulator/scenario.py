@@ -1,9 +1,10 @@
 """Simulation scenarios: a topology, a run length and seed, faults and out-of-band events.
 
-A scenario is a TOML file (the built-ins ship in ``collector/scenarios/``)::
+A scenario is a TOML file (the built-ins ship in ``simulator/scenarios/``)::
 
     description = "what this scenario shows"   # optional
-    [topology]            # as rankscope.topology.Topology: tp, pp, dp, ep, gpus_per_node, order
+    [topology]            # as rankscope.topology.Topology: tp, pp, dp, ep, gpus_per_node, order,
+                          # host_pattern (default "gpu-node-{node:05d}")
     [run]                 # job, iterations, seed
     [model]               # optional: ModelParams overrides (microbatches, mlp_ms, ...)
     [[fault]]             # kind, ranks | node | pp, stage, factor, start, end
@@ -33,6 +34,8 @@ SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
 FAULT_KINDS = ("compute_slowdown", "link_degradation", "stage_imbalance",
                "transient_stall", "host_stall", "silent_rank")
+#: Host names of simulated nodes unless ``[topology] host_pattern`` says otherwise.
+DEFAULT_HOST_PATTERN = "gpu-node-{node:05d}"
 #: Iterations a transient stall lasts when the scenario gives no ``end``.
 TRANSIENT_DEFAULT_LENGTH = 3
 
@@ -250,7 +253,8 @@ class _Parser:
             raise self.fail(("topology",), "missing: a scenario needs a [topology] table")
         topo_d = self.table(data["topology"], ("topology",), {f.name for f in dataclasses.fields(Topology)
                                                                if f.init})
-        topology = self.guard(("topology",), Topology.from_dict, dict(topo_d))
+        topology = self.guard(("topology",), Topology.from_dict,
+                              {"host_pattern": DEFAULT_HOST_PATTERN, **topo_d})
         run = self.table(data.get("run", {}), ("run",), _RUN_KEYS)
         job = self.guard(("run", "job"), _job_name, run.get("job", name or "sim"), "job")
         iterations = self.guard(("run", "iterations"), _positive_int, run.get("iterations", 60), "iterations")

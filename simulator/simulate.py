@@ -19,6 +19,7 @@ from tqdm import tqdm
 from rankscope import schema
 from rankscope.schema import DEFAULT_STAGES, StageSet
 from rankscope.store import Store
+from rankscope.topology import Topology
 from simulator.cluster import ClusterSimulator
 from simulator.scenario import EventSpec, Scenario
 from simulator.truth import Truth
@@ -31,12 +32,13 @@ def default_truth_path(store: Store, job: str) -> Path:
     return folder / f"{job}.truth.json"
 
 
-def events_frame(job: str, events: Sequence[EventSpec], time_ms: int) -> pd.DataFrame:
-    """``event`` points of out-of-band events at ``time_ms``."""
+def events_frame(job: str, events: Sequence[EventSpec], time_ms: int, topology: Topology) -> pd.DataFrame:
+    """``event`` points of out-of-band events at ``time_ms`` (on the host of their node)."""
     return pd.DataFrame({
         "time": np.full(len(events), int(time_ms), dtype=np.int64),
         "job": job,
         "name": [e.name for e in events],
+        "host": ["" if e.node is None else topology.host_names([e.node])[0] for e in events],
         "node": [str(-1 if e.node is None else e.node) for e in events],
         "severity": [e.severity for e in events],
         "source": [e.source for e in events],
@@ -101,7 +103,7 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
             if frame is not None:
                 pending.append(pool.submit(post_iteration, frame))
             if res.iteration in events_at:
-                ev = events_frame(scenario.job, events_at[res.iteration], stamp)
+                ev = events_frame(scenario.job, events_at[res.iteration], stamp, scenario.topology)
                 pending.append(pool.submit(post_events, ev))
             truth.times_ms.append(stamp)
             bar.update(1)

@@ -14,7 +14,8 @@ def test_demo_prints_l1_l2_verdict_and_writes_the_report(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
     assert "L1 (iteration time): a step at iteration 15" in text
-    assert "Verdict: link degradation on node 97 (ranks 776-783)" in text
-    assert "Event 'NIC link flapping' on node 97: SUPPORTED" in text
+    # the host of node 97 (the simulator's default host names), which an operator drains
+    assert "Verdict: link degradation on gpu-node-00097 (ranks 776-783, node 97)" in text
+    assert "Event 'NIC link flapping' on gpu-node-00097: SUPPORTED" in text
     assert (tmp_path / ".rankscope" / "demo.db").exists()        # the embedded store by default
     assert (tmp_path / "report" / "index.html").exists()

@@ -179,7 +179,7 @@ def test_v2_path_sends_token_org_bucket_to_api_v2_write(monkeypatch):
     assert headers["Authorization"] == "Token tok-123"
     lines = body.strip().split("\n")
     assert len(lines) == 4
-    assert lines[0].startswith("stage_latency,dp=0,ep_group=0,job=v2job,node=0,pp=0,rank=0,tp=0 ")
+    assert lines[0].startswith("stage_latency,dp=0,ep_group=0,gpu=0,job=v2job,node=0,pp=0,rank=0,tp=0 ")
     assert lines[0].endswith(" 1234")
 
 

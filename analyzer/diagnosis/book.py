@@ -21,8 +21,10 @@ MAX_EVENTS = 10_000
 class IncidentBook:
     """Open and recently resolved incidents of one job, and its recent events."""
 
-    def __init__(self, event_lookback: int, keep_resolved: int):
+    def __init__(self, event_lookback: int, keep_resolved: int, hosts: tuple[str, ...] | None = None):
         self.event_lookback = event_lookback
+        #: the job's host names: cluster events about other machines are not the job's
+        self.hosts = set(hosts or ())
         self.keep_resolved = keep_resolved
         self._incidents: dict[str, Incident] = {}
         self._judge_from: dict[str, int] = {}   # incident id -> time its events are judged from
@@ -55,18 +57,24 @@ class IncidentBook:
 
     # --------------------------------------------------------------- events
     def add_events(self, events: list[OutOfBandEvent]) -> None:
-        seen = {e.key for e in self.events}
-        self.events += [e for e in events if e.key not in seen]
+        """New events; a newer read of a known event (e.g. now resolved) replaces it."""
+        fresh = {e.key: e for e in events}
+        self.events = [e for e in self.events if e.key not in fresh] + list(fresh.values())
         if len(self.events) > MAX_EVENTS:
             self.events = sorted(self.events, key=lambda e: e.time_ms)[-MAX_EVENTS:]
 
-    def forget_events(self, win: Window) -> None:
-        """Drop events no incident can use any more: older than the window (where a new
-        incident's lookback starts at the earliest) and than every open incident's lookback."""
+    def horizon(self, win: Window) -> int | None:
+        """The earliest event time that can still matter: the window's start (where a new
+        incident's lookback starts at the earliest) or an open incident's lookback."""
         if not len(win):
-            return
-        cutoff = min([int(win.times[0]), *[self._judge_start(i, win) for i in self.open()]])
-        self.events = [e for e in self.events if e.time_ms >= cutoff]
+            return None
+        return min([int(win.times[0]), *[self._judge_start(i, win) for i in self.open()]])
+
+    def forget_events(self, win: Window) -> None:
+        """Drop events no incident can use any more (older than :meth:`horizon`)."""
+        cutoff = self.horizon(win)
+        if cutoff is not None:
+            self.events = [e for e in self.events if e.time_ms >= cutoff]
 
     def _judge_start(self, inc: Incident, win: Window) -> int:
         """Fixed the first time an incident is judged, so its verdicts do not drift away as
@@ -84,18 +92,21 @@ class IncidentBook:
         for e in self.events:
             if e.time_ms < start:
                 continue
-            on_culprit = e.node in inc.nodes
+            on_culprit = e.names(inc.ranks, inc.nodes, inc.hosts)
+            if not on_culprit and e.host and not (e.node >= 0 or e.rank >= 0) and e.host not in self.hosts:
+                continue   # a cluster event about a machine this job does not run on
             v, reason = verdict(category(e.name), inc.cls, on_culprit)
-            verdicts.append(EventVerdict(e.name, e.node, v, reason, e.time_ms))
+            verdicts.append(EventVerdict(e.name, e.node, v, reason, e.time_ms, host=e.host, rank=e.rank,
+                                         status=e.status))
         inc.events = verdicts
 
     def rejudge_events(self, win: Window) -> list[Incident]:
         """Open incidents whose event verdicts changed (events that arrived after they opened:
-        the write-up's port-down came one iteration later)."""
+        the write-up's port-down came one iteration later; a resolved notice)."""
         out = []
         for inc in self.open():
-            before = [(e.name, e.node, e.verdict) for e in inc.events]
+            before = [e.to_json() for e in inc.events]
             self.judge_events(inc, win)
-            if [(e.name, e.node, e.verdict) for e in inc.events] != before:
+            if [e.to_json() for e in inc.events] != before:
                 out.append(inc)
         return out

@@ -27,10 +27,10 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
-from analyzer.diagnosis.rule import Episode, overlap
+from analyzer.diagnosis.rule import Episode, culprit_incident, overlap
 from analyzer.floors import FloorScores, intersect_risen
 from analyzer.rank_scores import RankScores
-from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks
 
@@ -88,10 +88,9 @@ class LinkRule:
         return [inc]
 
     def _incident(self, ep: Episode, floors: FloorScores, obs: Observation) -> Incident:
-        inc = Incident(id=incident_id(IncidentClass.LINK_DEGRADATION, ep.onset, ep.ranks), job=self.job,
-                       cls=IncidentClass.LINK_DEGRADATION, ranks=ep.ranks.tolist(),
-                       nodes=self.topo.nodes_of(ep.ranks).tolist(), stage=ep.stage, ratio=float(ep.ratio),
-                       group_type=None, group_ranks=[], onset_iteration=ep.onset, onset_ms=ep.onset_ms)
+        inc = culprit_incident(self.job, IncidentClass.LINK_DEGRADATION, ep.ranks, self.topo, ep.onset,
+                               ep.onset_ms, stage=ep.stage, ratio=float(ep.ratio), group_type=None,
+                               group_ranks=[])
         risen = [(n, k, float(np.nanmax(r[m]))) for n, k, r, m in
                  zip(floors.stage, floors.kind, floors.ratio, floors.risen, strict=True) if m.any()]
         kinds = sorted({k for _, k, _ in risen}, key=self.topo.group_size)

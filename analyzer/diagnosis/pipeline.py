@@ -24,8 +24,8 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
-from analyzer.diagnosis.rule import Episode, jaccard
-from rankscope.incident import Incident, IncidentClass, incident_id
+from analyzer.diagnosis.rule import Episode, culprit_incident, jaccard
+from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks
 
@@ -60,12 +60,10 @@ class PipelineRule:
             if inc.cls == IncidentClass.PIPELINE_IMBALANCE and jaccard(np.asarray(inc.ranks), ep.ranks) >= 0.5:
                 return []
         pps = np.unique(self.topo.pp_index[ep.ranks])
-        inc = Incident(id=incident_id(IncidentClass.PIPELINE_IMBALANCE, ep.onset, ep.ranks), job=self.job,
-                       cls=IncidentClass.PIPELINE_IMBALANCE, ranks=ep.ranks.tolist(),
-                       nodes=self.topo.nodes_of(ep.ranks).tolist(), stage=ep.stage,
-                       ratio=float(ratio[groups[best], s]), group_type="pipeline",
-                       group_ranks=self.topo.group_ranks("pipeline", int(ep.ranks[0])).tolist(),
-                       onset_iteration=ep.onset, onset_ms=ep.onset_ms)
+        inc = culprit_incident(self.job, IncidentClass.PIPELINE_IMBALANCE, ep.ranks, self.topo, ep.onset,
+                               ep.onset_ms, stage=ep.stage, ratio=float(ratio[groups[best], s]),
+                               group_type="pipeline",
+                               group_ranks=self.topo.group_ranks("pipeline", int(ep.ranks[0])).tolist())
         inc.evidence = {
             "summary": (f"Pipeline stage(s) pp={format_ranks(pps)} take {inc.ratio:.2f}x their usual share of "
                         f"{ep.stage} against the other stages, on all their ranks alike (no rank stands out "

@@ -13,9 +13,10 @@ import warnings
 import numpy as np
 
 from analyzer.diagnosis.observation import Observation
+from analyzer.diagnosis.rule import culprit_incident
 from analyzer.group_scores import group_medians
 from analyzer.rank_scores import peer_kind
-from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks
 
@@ -30,9 +31,9 @@ def onset_gap(transient_max: int) -> int:
 
 
 def split_by_onset_and_place(ranks: np.ndarray, onsets: np.ndarray, gap: int,
-                             gpus_per_node: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Ranks that went slow together (onsets within ``gap``) and sit together (no more than a
-    node apart) are one fault; the rest are others."""
+                             topo: Topology) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Ranks that went slow together (onsets within ``gap``) and sit together (on one node, or no
+    more than a node apart in rank) are one fault; the rest are others."""
     order = np.argsort(onsets, kind="stable")
     ranks, onsets = ranks[order], onsets[order]
     cuts = np.flatnonzero(np.diff(onsets) > gap) + 1
@@ -40,20 +41,31 @@ def split_by_onset_and_place(ranks: np.ndarray, onsets: np.ndarray, gap: int,
     for part_r, part_o in zip(np.split(ranks, cuts), np.split(onsets, cuts), strict=True):
         o = np.argsort(part_r, kind="stable")
         part_r, part_o = part_r[o], part_o[o]
-        gaps = np.flatnonzero(np.diff(part_r) > gpus_per_node) + 1
-        parts += list(zip(np.split(part_r, gaps), np.split(part_o, gaps), strict=True))
+        label = together(part_r, topo)
+        for k in np.unique(label):
+            parts.append((part_r[label == k], part_o[label == k]))
     return parts
+
+
+def together(ranks: np.ndarray, topo: Topology) -> np.ndarray:
+    """Component label of each of the sorted ``ranks``: ranks are joined when they are at most
+    ``gpus_per_node`` apart or on the same node (the real placement need not be contiguous)."""
+    label = np.concatenate([[0], np.cumsum(np.diff(ranks) > topo.gpus_per_node)])
+    node = topo.node_index[ranks]
+    for n in np.unique(node):
+        comps = np.unique(label[node == n])
+        if len(comps) > 1:
+            label[np.isin(label, comps)] = comps[0]
+    _, label = np.unique(label, return_inverse=True)
+    return label
 
 
 def new_rank_incident(job: str, cls: IncidentClass, stage: str, ranks: np.ndarray, onsets: np.ndarray,
                       obs: Observation, topo: Topology) -> Incident:
     """An incident for culprit ranks of one stage (evidence still to be written)."""
     onset = int(onsets.min())
-    return Incident(
-        id=incident_id(cls, onset, ranks), job=job, cls=cls, ranks=sorted(ranks.tolist()),
-        nodes=topo.nodes_of(ranks).tolist(), stage=stage, ratio=1.0, group_type=None, group_ranks=[],
-        onset_iteration=onset, onset_ms=obs.window.time_of(onset, obs.time_ms),
-    )
+    return culprit_incident(job, cls, ranks, topo, onset, obs.window.time_of(onset, obs.time_ms),
+                            stage=stage, ratio=1.0, group_type=None, group_ranks=[])
 
 
 def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages: StageSet) -> None:

@@ -17,7 +17,8 @@ import numpy as np
 
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
-from rankscope.incident import Incident, IncidentClass
+from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.topology import Topology
 
 
 class Rule(Protocol):
@@ -45,6 +46,21 @@ class Rule(Protocol):
     def adopt(self, inc: Incident) -> None:
         """Take over an open incident read back from the store (after a restart)."""
         ...
+
+
+def culprit_incident(job: str, cls: IncidentClass, ranks, topo: Topology, onset_iteration: int,
+                     onset_ms: int, **fields) -> Incident:
+    """A new incident naming ``ranks``: its id, nodes and host names follow from them."""
+    ranks = np.unique(np.asarray(ranks, dtype=np.int64))
+    return Incident(id=incident_id(cls, onset_iteration, ranks), job=job, cls=cls, ranks=ranks.tolist(),
+                    nodes=topo.nodes_of(ranks).tolist(), hosts=topo.hosts_of(ranks),
+                    onset_iteration=int(onset_iteration), onset_ms=int(onset_ms), **fields)
+
+
+def set_culprits(inc: Incident, ranks, topo: Topology) -> None:
+    """Change an incident's culprit ranks (and with them its nodes and hosts)."""
+    ranks = np.unique(np.asarray(ranks, dtype=np.int64))
+    inc.ranks, inc.nodes, inc.hosts = ranks.tolist(), topo.nodes_of(ranks).tolist(), topo.hosts_of(ranks)
 
 
 def overlap(a: np.ndarray, b: np.ndarray) -> float:

@@ -20,7 +20,8 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
-from rankscope.incident import Incident, IncidentClass, incident_id
+from analyzer.diagnosis.rule import culprit_incident
+from rankscope.incident import Incident, IncidentClass
 from rankscope.topology import Topology, format_ranks
 
 
@@ -52,10 +53,9 @@ class SilenceRule:
             return []
         onset = int(self.missing_since[new].min())
         nodes = self.topo.nodes_of(new)
-        inc = Incident(id=incident_id(IncidentClass.SILENT_RANK, onset, new), job=self.job,
-                       cls=IncidentClass.SILENT_RANK, ranks=new.tolist(), nodes=nodes.tolist(), stage=None,
-                       ratio=0.0, group_type="node", group_ranks=self.topo.node_ranks(nodes).tolist(),
-                       onset_iteration=onset, onset_ms=obs.time_ms)
+        inc = culprit_incident(self.job, IncidentClass.SILENT_RANK, new, self.topo, onset, obs.time_ms,
+                               stage=None, ratio=0.0, group_type="node",
+                               group_ranks=self.topo.node_ranks(nodes).tolist())
         inc.evidence = {"summary": (f"Ranks {format_ranks(new)} ({inc.where}) stopped reporting "
                                     f"at iteration {onset} while the other ranks go on: a hung or crashed "
                                     f"process, or its collector.")}

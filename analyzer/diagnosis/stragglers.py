@@ -33,7 +33,7 @@ from analyzer.diagnosis.rank_evidence import (
     split_by_onset_and_place,
     write_rank_evidence,
 )
-from analyzer.diagnosis.rule import distance
+from analyzer.diagnosis.rule import distance, set_culprits
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
@@ -68,7 +68,7 @@ class StragglerRule:
             ranks, onsets = self._join_open(ranks, onsets, s, cls, obs, book, out)
             if not len(ranks):
                 continue
-            for part_r, part_o in split_by_onset_and_place(ranks, onsets, gap, self.topo.gpus_per_node):
+            for part_r, part_o in split_by_onset_and_place(ranks, onsets, gap, self.topo):
                 inc = new_rank_incident(self.job, cls, stage, part_r, part_o, obs, self.topo)
                 cells.claim(part_r, s)
                 write_rank_evidence(inc, obs, self.topo, self.stages)
@@ -87,15 +87,15 @@ class StragglerRule:
                 continue
             overlap = np.isin(ranks, inc.ranks)
             near = np.abs(onsets - inc.onset_iteration) <= gap
-            close = distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node
+            close = ((distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node)
+                     | np.isin(self.topo.node_index[ranks], inc.nodes))
             join = overlap | (near & close & (inc.stage == stage))
             mostly = overlap.sum() >= 0.5 * len(ranks)
             if mostly or join.any():
                 take = ranks[join | mostly]
                 self.cells.claim(take, s)
                 if inc.stage == stage and not np.isin(take, inc.ranks).all():
-                    inc.ranks = sorted(set(inc.ranks) | set(take.tolist()))
-                    inc.nodes = self.topo.nodes_of(inc.ranks).tolist()
+                    set_culprits(inc, np.union1d(inc.ranks, take), self.topo)
                     write_rank_evidence(inc, obs, self.topo, self.stages)
                     out.append(inc)
                 keep = ~np.isin(ranks, take)

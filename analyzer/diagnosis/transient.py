@@ -59,7 +59,7 @@ class TransientStallRule:
             stage = self.stages.stages[int(s)].name
             onsets = cells.onset[ranks, s]
             for part_r, part_o in split_by_onset_and_place(ranks, onsets, onset_gap(cfg.transient_max),
-                                                           self.topo.gpus_per_node):
+                                                           self.topo):
                 inc = new_rank_incident(self.job, IncidentClass.TRANSIENT_STALL, stage, part_r, part_o,
                                         obs, self.topo)
                 write_rank_evidence(inc, obs, self.topo, self.stages)

@@ -27,7 +27,7 @@ from rankscope.lineprotocol import check_key
 log = logging.getLogger(__name__)
 
 #: Tags that hold integers in frames (strings in InfluxDB).
-INT_TAGS = frozenset({"rank", "pp", "dp", "tp", "ep_group", "node", "group_id"})
+INT_TAGS = frozenset({"rank", "pp", "dp", "tp", "ep_group", "node", "gpu", "group_id"})
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,9 @@ class Store(ABC):
         where: dict[str, str | int] | None = None,
     ) -> pd.DataFrame:
         """Points of ``measurement`` (optionally one job, tag equalities, and an inclusive
-        time range), sorted by time, as a frame with a ``time`` column in epoch ms."""
+        time range), sorted by time, as a frame with a ``time`` column in epoch ms.
+
+        In ``where``, a value of None selects points that lack the tag."""
 
     @abstractmethod
     def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
@@ -221,8 +223,18 @@ class Store(ABC):
         return df
 
     def read_events(self, job: str | None = None, start_ms: int | None = None,
-                    end_ms: int | None = None) -> pd.DataFrame:
-        return self.read(schema.EVENT, job, start_ms, end_ms)
+                    end_ms: int | None = None, cluster: bool = True) -> pd.DataFrame:
+        """Out-of-band events of ``job`` and, with ``cluster``, those that name no job (from the
+        monitoring of the whole cluster: they are matched to jobs by host), sorted by time."""
+        own = self.read(schema.EVENT, job, start_ms, end_ms)
+        if job is None or not cluster:
+            return own
+        shared = self.read(schema.EVENT, None, start_ms, end_ms, where={"job": None})
+        frames = [f for f in (own, shared) if len(f)]
+        if not frames:
+            return own
+        out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        return out.sort_values("time", kind="stable").reset_index(drop=True)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -137,6 +137,10 @@ class EmbeddedStore(Store):
             conds, args = [], []
             filters = {**({"job": job} if job is not None else {}), **(where or {})}
             for k, v in filters.items():
+                if v is None:   # the tag is absent
+                    if k in cols:
+                        conds.append(f"({_ident(k)} IS NULL OR {_ident(k)} = '')")
+                    continue
                 if k not in cols:
                     return pd.DataFrame()
                 conds.append(f"{_ident(k)} = ?")

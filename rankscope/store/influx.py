@@ -220,7 +220,7 @@ class InfluxStore(Store):
         if job is not None:
             conds.append(f"{quote_ident('job')} = {quote_string(job)}")
         for k, v in (where or {}).items():
-            conds.append(f"{quote_ident(k)} = {quote_string(str(v))}")
+            conds.append(f"{quote_ident(k)} = {quote_string('' if v is None else str(v))}")
         if start_ms is not None:
             conds.append(f"time >= {int(start_ms)}ms")
         if end_ms is not None:
