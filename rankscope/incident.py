@@ -100,13 +100,52 @@ class EventVerdict:
 
 
 @dataclass
+class Impact:
+    """What an incident costs the job.
+
+    ``iteration_s_before``: the job's iteration time (median over ranks) before the onset;
+    ``iteration_s_now``: since the onset (or until the resolution); ``slowdown`` their
+    ratio; ``gpu_hours_lost``: world size x the excess time so far (final once resolved);
+    ``iteration_s_if_restored``: the expected iteration time if the culprits ran at their
+    group's median. NaN where not known.
+    """
+
+    iteration_s_before: float = float("nan")
+    iteration_s_now: float = float("nan")
+    slowdown: float = float("nan")
+    gpu_hours_lost: float = 0.0
+    iteration_s_if_restored: float = float("nan")
+
+    FIELDS = ("iteration_s_before", "iteration_s_now", "slowdown", "gpu_hours_lost", "iteration_s_if_restored")
+
+    def to_json(self) -> dict[str, float | None]:
+        """JSON's shape: unknown values as null."""
+        return {k: (None if v != v else round(float(v), 4)) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> Impact:
+        def num(v: Any) -> float:
+            try:
+                return float(v) if v is not None else float("nan")
+            except (TypeError, ValueError):
+                return float("nan")
+
+        out = cls(**{k: num(values.get(k)) for k in cls.FIELDS})
+        if out.gpu_hours_lost != out.gpu_hours_lost:
+            out.gpu_hours_lost = 0.0
+        return out
+
+
+@dataclass
 class Incident:
     """One diagnosed fault.
 
     ``ranks`` are the culprits, ``nodes`` the node numbers and ``hosts`` the host
     names they ran on (what an operator drains), ``stage`` the stage that names
     them, ``ratio`` how much slower they are than their peers, ``group_*`` the
-    group that localised them; ``evidence`` holds the numbers behind the verdict.
+    group that localised them; ``evidence`` holds the numbers behind the verdict;
+    ``impact`` what it costs. A fault that comes and goes is one incident reopened:
+    ``episodes`` counts its episodes, ``first_onset``/``last_onset`` their onsets.
     """
 
     id: str
@@ -126,10 +165,23 @@ class Incident:
     evidence: dict = field(default_factory=dict)
     updated_ms: int = 0
     hosts: list[str] = field(default_factory=list)
+    impact: Impact = field(default_factory=Impact)
+    episodes: int = 1
+    first_onset: int = -1
+    last_onset: int = -1
 
     def __post_init__(self) -> None:
         self.cls = IncidentClass(self.cls)
         self.status = Status(self.status)
+        if self.first_onset < 0:
+            self.first_onset = self.onset_iteration
+        if self.last_onset < 0:
+            self.last_onset = self.onset_iteration
+
+    @property
+    def intermittent(self) -> bool:
+        """A fault that came back after it had resolved (more than one episode)."""
+        return self.episodes > 1
 
     @property
     def is_open(self) -> bool:
@@ -153,7 +205,8 @@ class Incident:
     def title(self) -> str:
         stage = f" in {self.stage}" if self.stage else ""
         ratio = f" ({self.ratio:.1f}x)" if self.ratio and self.cls != IncidentClass.SILENT_RANK else ""
-        return f"{self.cls.label}: ranks {format_ranks(self.ranks)} on {self.where}{stage}{ratio}"
+        again = f"intermittent ({self.episodes} episodes) " if self.intermittent else ""
+        return f"{again}{self.cls.label}: ranks {format_ranks(self.ranks)} on {self.where}{stage}{ratio}"
 
     @property
     def text(self) -> str:
@@ -180,7 +233,9 @@ class Incident:
             "onset_iteration": int(self.onset_iteration), "onset_ms": int(self.onset_ms),
             "resolved_iteration": int(self.resolved_iteration),
             "events": [e.to_json() for e in self.events],
-            "title": self.title, "evidence": _plain(self.evidence),
+            "title": self.title, "evidence": _plain(self.evidence), "impact": self.impact.to_json(),
+            "episodes": int(self.episodes), "first_onset": int(self.first_onset),
+            "last_onset": int(self.last_onset),
         }
 
     def to_row(self) -> dict:
@@ -195,6 +250,9 @@ class Incident:
             "onset_iteration": int(self.onset_iteration), "resolved_iteration": int(self.resolved_iteration),
             "events": json.dumps([e.to_json() for e in self.events]),
             "evidence": json.dumps(_plain(self.evidence)), "updated_ms": int(self.updated_ms),
+            "episodes": int(self.episodes), "first_onset": int(self.first_onset),
+            "last_onset": int(self.last_onset),
+            **{k: float(getattr(self.impact, k)) for k in Impact.FIELDS},
         }
 
     @classmethod
@@ -225,6 +283,9 @@ class Incident:
             events=[EventVerdict.from_json(e) for e in loads(row.get("events"), [])],
             evidence=loads(row.get("evidence"), {}), updated_ms=int(num("updated_ms", 0)),
             hosts=[h for h in hosts.split(",") if h] if isinstance(hosts, str) else [],
+            impact=Impact.from_values({k: row.get(k) for k in Impact.FIELDS}),
+            episodes=int(num("episodes", 1)), first_onset=int(num("first_onset", -1)),
+            last_onset=int(num("last_onset", -1)),
         )
 
 
@@ -282,5 +343,5 @@ def _plain(o: Any) -> Any:
     return o
 
 
-__all__ = ["EventVerdict", "Incident", "IncidentClass", "Status", "Verdict", "incident_id",
+__all__ = ["EventVerdict", "Impact", "Incident", "IncidentClass", "Status", "Verdict", "incident_id",
            "incidents_frame", "load_incident", "load_incidents"]

@@ -206,8 +206,12 @@ MEASUREMENTS: dict[str, Measurement] = {
         {"title": "str", "text": "str", "tags": "str", "status": "str", "ranks": "str",
          "nodes": "str", "hosts": "str", "stage": "str", "ratio": "float", "group_type": "str",
          "group_ranks": "str", "onset_iteration": "int", "resolved_iteration": "int",
-         "events": "str", "evidence": "str", "updated_ms": "int"},
-        "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved)",
+         "events": "str", "evidence": "str", "updated_ms": "int", "episodes": "int",
+         "first_onset": "int", "last_onset": "int", "iteration_s_before": "float",
+         "iteration_s_now": "float", "slowdown": "float", "gpu_hours_lost": "float",
+         "iteration_s_if_restored": "float"},
+        "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved); "
+        "impact fields: what the incident costs the job (see rankscope.incident.Impact)",
     ),
 }
 

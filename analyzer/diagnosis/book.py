@@ -21,10 +21,8 @@ MAX_EVENTS = 10_000
 class IncidentBook:
     """Open and recently resolved incidents of one job, and its recent events."""
 
-    def __init__(self, event_lookback: int, keep_resolved: int, hosts: tuple[str, ...] | None = None):
+    def __init__(self, event_lookback: int, keep_resolved: int):
         self.event_lookback = event_lookback
-        #: the job's host names: cluster events about other machines are not the job's
-        self.hosts = set(hosts or ())
         self.keep_resolved = keep_resolved
         self._incidents: dict[str, Incident] = {}
         self._judge_from: dict[str, int] = {}   # incident id -> time its events are judged from
@@ -86,16 +84,16 @@ class IncidentBook:
         return start
 
     def judge_events(self, inc: Incident, win: Window) -> None:
-        """Set ``inc.events``: every event since ``event_lookback`` iterations before its onset."""
+        """Set ``inc.events``: every event about the incident's culprits (by host, node or rank)
+        since ``event_lookback`` iterations before its onset, with its verdict."""
         start = self._judge_start(inc, win)
         verdicts = []
         for e in self.events:
             if e.time_ms < start:
                 continue
-            on_culprit = e.names(inc.ranks, inc.nodes, inc.hosts)
-            if not on_culprit and e.host and not (e.node >= 0 or e.rank >= 0) and e.host not in self.hosts:
-                continue   # a cluster event about a machine this job does not run on
-            v, reason = verdict(category(e.name), inc.cls, on_culprit)
+            if not e.names(inc.ranks, inc.nodes, inc.hosts):
+                continue   # about another machine (of this job or not): not this incident's evidence
+            v, reason = verdict(category(e.name), inc.cls, on_culprit=True)
             verdicts.append(EventVerdict(e.name, e.node, v, reason, e.time_ms, host=e.host, rank=e.rank,
                                          status=e.status))
         inc.events = verdicts

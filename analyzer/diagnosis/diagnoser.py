@@ -53,7 +53,7 @@ class Diagnoser:
         missing = set(IncidentClass) - set(self._owner)
         if missing:
             raise RuntimeError(f"no rule owns incident class(es) {sorted(missing)}")
-        self.book = IncidentBook(cfg.event_lookback, keep_resolved=cfg.history, hosts=topo.hosts)
+        self.book = IncidentBook(cfg.event_lookback, keep_resolved=cfg.history)
         self._quiet: dict[str, int] = {}
 
     # ------------------------------------------------------------ state
@@ -79,7 +79,6 @@ class Diagnoser:
     def replace_topology(self, topo: Topology) -> None:
         """The same layout with another placement (see :meth:`JobAnalyzer.replace_placement`)."""
         self.topo = topo
-        self.book.hosts = set(topo.hosts or ())
         for rule in self.rules:
             rule.topo = topo  # type: ignore[attr-defined]
 
