@@ -1,12 +1,30 @@
 """Analyzer thresholds, all in one typed record (defaults from IL-0477 and calibration).
 
 Loaded from the ``[analyzer]`` table of a TOML file (``--config``, read by
-:func:`analyzer.cli.load_config`); unknown keys are refused by name.
+:func:`load_config`, together with an optional ``[stages]`` table); unknown keys
+are refused by name. Most settings can change while the analyzer runs
+(:mod:`analyzer.config_watch`); those in :data:`RESTART_ONLY` size the detectors'
+state and take effect at the next start.
+
+Example::
+
+    >>> a = AnalyzerConfig()
+    >>> changes(a, a.with_overrides(z=7.0, l1_window=30))
+    {'l1_window': (20, 30), 'z': (6.0, 7.0)}
 """
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from rankscope.schema import SchemaError, StageSet
+
+#: Settings that size state (ring buffers, history windows, baselines' memory): a change
+#: takes effect when the analyzer restarts, not at a reload.
+RESTART_ONLY = frozenset({"l1_window", "l1_min_history", "l1_persist", "l1_spike_max", "smooth",
+                          "baseline_alpha", "baseline_warmup", "history"})
 
 
 @dataclass(frozen=True)
@@ -84,4 +102,44 @@ class AnalyzerConfig:
         if unknown:
             raise ValueError(f"unknown analyzer setting(s): {', '.join(sorted(unknown))}; "
                              f"known: {', '.join(sorted(known))}")
-        return replace(self, **kw)
+        defaults = AnalyzerConfig()
+        for key, value in kw.items():
+            want = type(getattr(defaults, key))
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                want is float or isinstance(value, int))
+            if not ok:
+                raise ValueError(f"analyzer setting {key} must be {'a number' if want is float else 'an integer'}, "
+                                 f"got {value!r}")
+        return replace(self, **{k: (float(v) if isinstance(getattr(defaults, k), float) else v)
+                                for k, v in kw.items()})
+
+
+def changes(old: AnalyzerConfig, new: AnalyzerConfig) -> dict[str, tuple[object, object]]:
+    """The settings that differ: name -> (old, new), sorted by name."""
+    return {f.name: (getattr(old, f.name), getattr(new, f.name)) for f in sorted(fields(old), key=lambda f: f.name)
+            if getattr(old, f.name) != getattr(new, f.name)}
+
+
+def load_config(path: str | Path | None) -> tuple[AnalyzerConfig, StageSet | None]:
+    """Thresholds (``[analyzer]``) and stages (``[stages]``) from a TOML file; defaults without one.
+
+    Raises ValueError naming the file and what is wrong (nothing is half applied).
+    """
+    if not path:
+        return AnalyzerConfig(), None
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read config {path}: {exc}") from exc
+    unknown = set(data) - {"analyzer", "stages"}
+    if unknown:
+        raise ValueError(f"config {path}: unknown table(s) {', '.join(sorted(unknown))}; known: analyzer, stages")
+    table = data.get("analyzer", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"config {path}: [analyzer] must be a table")
+    try:
+        cfg = AnalyzerConfig().with_overrides(**table)
+        stages = StageSet.from_config(data["stages"]) if "stages" in data else None
+    except (ValueError, TypeError, SchemaError) as exc:
+        raise ValueError(f"config {path}: {exc}") from None
+    return cfg, stages

@@ -21,12 +21,12 @@ iterations are replayed to warm the detectors up.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
@@ -82,6 +82,12 @@ class AnalyzerService:
                  topo.pp, topo.dp, topo.ep, len(stages))
         return ja
 
+    def reconfigure(self, cfg: AnalyzerConfig) -> None:
+        """New thresholds for every job from the next cycle on, no state lost."""
+        self.cfg = cfg
+        for ja in self.analyzers.values():
+            ja.reconfigure(cfg)
+
     def _jobs(self) -> list[str]:
         return self.jobs if self.jobs else self.store.jobs()
 
@@ -99,6 +105,8 @@ class AnalyzerService:
         changed: dict[str, Incident] = {}
         cps = []
         n_iters = 0
+        bar = tqdm(desc=f"analyze {job}", unit="it", disable=not self.progress, leave=False,
+                   dynamic_ncols=True)
         while True:
             t0 = time.perf_counter()
             times = self.store.next_times(schema.STAGE_LATENCY, job, cursor, self.chunk)
@@ -126,12 +134,11 @@ class AnalyzerService:
             for inc in res.incidents:
                 changed[inc.id] = inc
             n_iters += len(res.iterations)
-            if self.progress:
-                print(f"\ranalyzing {job}: iteration {ja.last_iteration}", end="", file=sys.stderr, flush=True)
+            bar.update(len(res.iterations))
+            bar.set_postfix_str(f"iteration {ja.last_iteration}", refresh=False)
             if not more:
                 break
-        if self.progress and n_iters:
-            print(file=sys.stderr)
+        bar.close()
         if ja is None or not n_iters:
             return
         self.watermark[job] = ja.last_time_ms
@@ -198,6 +205,15 @@ class AnalyzerService:
         if incidents:
             self.store.write_measurement(schema.INCIDENT, incidents_frame(incidents))
 
+    def stored_incidents(self, job: str | None = None) -> list[Incident]:
+        """Every incident of the analyzed jobs as the store holds them (also those resolved
+        long ago, which the analyzers no longer keep in memory), oldest onset first."""
+        out = []
+        for name in sorted(self.analyzers):
+            if job is None or name == job:
+                out += load_incidents(self.store, name)
+        return sorted(out, key=lambda i: (i.job, i.onset_ms, i.id))
+
     def incidents(self, job: str | None = None) -> list[Incident]:
         out = []
         for name, ja in self.analyzers.items():
@@ -233,4 +249,4 @@ def run_once(store: Store, job: str | None = None, topology: Topology | None = N
     svc = AnalyzerService(store, config, stages, jobs=[job] if job else None, topology=topology,
                           progress=progress)
     svc.cycle(final=True)
-    return [i.to_json() for i in svc.incidents(job)]
+    return [i.to_json() for i in svc.stored_incidents(job)]

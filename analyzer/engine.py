@@ -92,6 +92,15 @@ class JobAnalyzer:
         self.last_iteration, self.last_time_ms = iteration, time_ms
         return cps, incs
 
+    def reconfigure(self, cfg: AnalyzerConfig) -> None:
+        """New thresholds from the next iteration on, the state kept (a reload, not a restart).
+        Settings of :data:`analyzer.config.RESTART_ONLY` keep their running values."""
+        self.cfg = cfg
+        self.l1.reconfigure(cfg)
+        for part in (self.ranks, self.floors, self.balance):
+            part.cfg = cfg
+        self._diag.reconfigure(cfg)
+
     def replace_placement(self, topo: Topology) -> None:
         """Follow a new rank placement (host names, nodes) of the same parallel layout, e.g. a
         node replaced after an elastic restart; incidents from here on name the new hosts."""

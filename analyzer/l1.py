@@ -82,6 +82,13 @@ class L1Monitor:
         self._updates = 0
         self.open_steps: list[ChangePoint] = []
 
+    def reconfigure(self, cfg: AnalyzerConfig) -> None:
+        """New alarm thresholds (``l1_threshold``, ``l1_min_change``, ``l1_rank_fraction``);
+        the detectors keep their history."""
+        self.cfg = cfg
+        for det in (self.job_step, self.job_spike, self.rank_step):
+            det.threshold, det.min_change = cfg.l1_threshold, cfg.l1_min_change
+
     def _at(self, index: int) -> tuple[int, int]:
         """``(iteration, time_ms)`` of the ``index``-th update (the oldest kept one if older)."""
         offset = index - (self._updates - len(self._recent))

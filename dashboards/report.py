@@ -158,7 +158,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with open_store(args.store, args.bucket) as store:
+    with open_store(args.store, args.bucket, create=False) as store:
         job = args.job
         if job is None:
             jobs = store.jobs()

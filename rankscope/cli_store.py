@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with open_store(args.store, args.bucket) as store:
+    with open_store(args.store, args.bucket, create=False) as store:
         info: dict[str, object] = {"store": repr(store), "bucket": store.bucket}
         if isinstance(store, InfluxStore):
             info["version"] = store.ping()

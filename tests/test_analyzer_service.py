@@ -3,8 +3,9 @@
 import logging
 import threading
 
-from analyzer.cli import build_scheduler, parse_interval, safe_cycle
+from analyzer.cli import parse_interval
 from analyzer.cycle import AnalyzerService
+from analyzer.schedule import build_scheduler, safe_cycle
 from rankscope import schema
 from rankscope.store import InfluxStore
 from simulator.cluster import ClusterSimulator
@@ -89,3 +90,82 @@ def test_interval_parsing():
     import pytest
     with pytest.raises(argparse.ArgumentTypeError, match="expected e.g. 30s"):
         parse_interval("soon")
+
+
+def test_a_hanging_database_is_reported_once_in_rankscopes_words(caplog, influx_server):
+    """influxd stopped (SIGSTOP: it neither answers nor refuses): the first cycle waits on it,
+    the next ones are skipped, and the log says so once, not at every interval."""
+    import os
+    import signal
+
+    from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES
+
+    store = InfluxStore(influx_server.url, "hang", api="v1", retries=0, timeout_s=3)
+    svc = AnalyzerService(store)
+    caplog.set_level(logging.INFO)
+    skipped, recovered = threading.Event(), threading.Event()
+    count = {"skipped": 0}
+    resumed = {"at": None}
+
+    def on_skip(_event) -> None:
+        count["skipped"] += 1
+        if count["skipped"] >= 3:
+            skipped.set()
+
+    def on_run(event) -> None:
+        if resumed["at"] is not None and event.retval is True:
+            recovered.set()
+
+    os.kill(influx_server.proc.pid, signal.SIGSTOP)
+    try:
+        sched = build_scheduler(svc, 0.2, blocking=False)
+        sched.add_listener(on_skip, EVENT_JOB_MAX_INSTANCES)
+        sched.add_listener(on_run, EVENT_JOB_EXECUTED)
+        sched.start()
+        assert skipped.wait(60), "no cycle was skipped while the database hung"
+    finally:
+        os.kill(influx_server.proc.pid, signal.SIGCONT)
+        resumed["at"] = True
+    assert recovered.wait(60), "no cycle succeeded after the database came back"
+    sched.shutdown(wait=True)
+    messages = [r.getMessage() for r in caplog.records]
+    waiting = [m for m in messages if "waiting on the database" in m]
+    assert len(waiting) == 1 and "3 s" in waiting[0]           # once, with the request timeout
+    assert not [m for m in messages if "maximum number of running instances" in m]
+    assert [m for m in messages if "analyzer cycle ended after" in m]
+
+
+def test_thresholds_reload_between_cycles_and_a_bad_file_changes_nothing(caplog, influx_store, tmp_path):
+    """A changed --config takes effect at the next cycle, logged with what changed; an invalid
+    file is refused and the thresholds in force stay; no state is lost, nothing duplicated."""
+    from analyzer.config_watch import ConfigWatcher
+    from analyzer.schedule import CycleGuard
+
+    config = tmp_path / "analyzer.toml"
+    config.write_text("[analyzer]\nabs_ratio = 5.0\nmin_change = 3.0\nspike_ratio = 5.0\n")
+    scenario = load_scenario("compute-slowdown").with_overrides(iterations=60)   # 1379 at 2.5x from 20
+    sim = ClusterSimulator(scenario)
+    watcher = ConfigWatcher(config)
+    svc = AnalyzerService(influx_store, watcher.config)
+    guard = CycleGuard(svc, 30.0, watcher)
+    caplog.set_level(logging.INFO, logger="rankscope.analyze")
+
+    _write(influx_store, sim, 26)
+    assert guard.run() and svc.incidents() == []          # 2.5x is below these thresholds
+    config.write_text("[analyzer]\nabs_ratio = 'high'\n")
+    _write(influx_store, sim, 4)
+    assert guard.run() and svc.incidents() == []          # refused: the old thresholds stay
+    assert any("reload refused" in r.getMessage() and "abs_ratio" in r.getMessage() for r in caplog.records)
+    assert svc.cfg.abs_ratio == 5.0
+    config.write_text("[analyzer]\n")                     # back to the defaults
+    _write(influx_store, sim, 8)
+    assert guard.run()
+    (inc,) = svc.incidents()
+    assert inc.ranks == [1379] and inc.cls == "compute_straggler" and inc.onset_iteration >= 30
+    changed = [r.getMessage() for r in caplog.records if "reloaded" in r.getMessage()]
+    assert changed and "abs_ratio 5.0 -> 1.5" in changed[-1] and "min_change 3.0 -> 0.15" in changed[-1]
+    assert svc.analyzers[scenario.job].last_iteration == 37   # state kept: no replay from the start
+    _write(influx_store, sim, 3)
+    assert guard.run()
+    stored = influx_store.read(schema.INCIDENT, scenario.job)
+    assert stored["id"].unique().tolist() == [inc.id]         # one incident, not a second one

@@ -76,6 +76,13 @@ class Diagnoser:
             if inc.is_open:
                 self._owner[inc.cls].adopt(inc)
 
+    def reconfigure(self, cfg: AnalyzerConfig) -> None:
+        """New thresholds for every rule (their state kept)."""
+        self.cfg = cfg
+        self.book.event_lookback = cfg.event_lookback
+        for rule in self.rules:
+            rule.cfg = cfg  # type: ignore[attr-defined]
+
     def replace_topology(self, topo: Topology) -> None:
         """The same layout with another placement (see :meth:`JobAnalyzer.replace_placement`)."""
         self.topo = topo
