@@ -52,8 +52,10 @@ class AnalyzerConfig:
     stage's one-iteration noise out, is a transient stall (8: a 12,960-rank job
     draws millions of cells per hour, whose largest normal deviate is ~5.5 sigma;
     a JIT stall of 4x is 20+ sigma of compute noise); an incident
-    resolves after ``resolve_after`` iterations without its culprits hot; a
-    rank missing for ``silent_after`` iterations is silent. ``event_lookback``
+    resolves after ``resolve_after`` iterations without its culprits hot; the same
+    culprits back (same class, overlapping ranks) within ``reopen_within`` iterations of
+    its resolution reopen it as an intermittent fault, which then resolves only after
+    ``reopen_within`` quiet iterations; a rank missing for ``silent_after`` iterations is silent. ``event_lookback``
     iterations before onset count for correlating out-of-band events.
     """
 
@@ -84,6 +86,7 @@ class AnalyzerConfig:
     transient_max: int = 3
     transient_z: float = 8.0
     resolve_after: int = 3
+    reopen_within: int = 20
     silent_after: int = 2
     event_lookback: int = 5
     history: int = 40

@@ -7,6 +7,7 @@ and returns what to write (change points, incidents, L2 points). The cycle
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,7 @@ from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis import Diagnoser, Observation
 from analyzer.events import OutOfBandEvent
 from analyzer.floors import TransferFloorScorer
+from analyzer.impact import ImpactTracker
 from analyzer.l1 import ChangePoint, L1Monitor
 from analyzer.l2_points import l2_group_frame, l2_rank_frame, window_medians
 from analyzer.rank_scores import RankScorer, RankScores
@@ -48,6 +50,7 @@ class JobAnalyzer:
         self.balance = PipelineBalanceScorer(topo, stages, self.cfg)
         self._diag = Diagnoser(job, topo, stages, self.cfg)
         self.l1_step: dict | None = None
+        self.impact = ImpactTracker(topo.world)
         self.window = Window(self.cfg.history)
         self.last_iteration = -1
         self.last_time_ms = 0
@@ -88,6 +91,14 @@ class JobAnalyzer:
         obs = Observation(iteration, time_ms, self.window, scores, self.floors.update(values),
                           self.balance.update(values), self.balance.last_ratio, present, self.l1_step)
         incs = self._diag.update(obs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # an iteration nobody reported
+            self.impact.push(iteration, float(np.nanmedian(iteration_ms)) / 1000.0)
+        # every open incident's cost grows with the iteration: it is written again
+        touched = {i.id: i for i in incs} | {i.id: i for i in self._diag.incidents if i.is_open}
+        for inc in touched.values():
+            self.impact.update(inc, iteration, self.window, self.stages)
+        incs = list(touched.values())
         self.last_scores = scores
         self.last_iteration, self.last_time_ms = iteration, time_ms
         return cps, incs

@@ -130,7 +130,10 @@ def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
              ("Ratio to group median", f"{incident.ratio:.2f}x"),
              ("Group", f"{incident.group_type} {format_ranks(incident.group_ranks)}"
                        + (f" (id {group['id']})" if "id" in group else "")),
-             ("Onset iteration", incident.onset_iteration),
+             ("Onset iteration", incident.onset_iteration
+              if not incident.intermittent else f"{incident.first_onset} (intermittent: {incident.episodes} "
+                                                f"episodes, last from {incident.last_onset})"),
+             ("Cost", incident.cost or "not known (no iterations before the onset)"),
              ("Resolved iteration", incident.resolved_iteration if incident.resolved_iteration >= 0 else "open")]
     shown = {k: ev[k] for k in ("stage", "ratio", "culprit_ms", "group_median_ms") if k in ev}
     return _TEMPLATES.get_template("report.html.j2").render(

@@ -91,6 +91,8 @@ def summary(ja, incidents) -> str:
         lines.append(f"Verdict: {inc.cls.label} on {inc.where} (ranks {format_ranks(inc.ranks)}, "
                      f"node {format_ranks(inc.nodes)}), stage {inc.stage}, {inc.ratio:.1f}x, localised by "
                      f"{(g.get('type') or '?').upper()} group {g.get('ranks', '')} [{inc.status}].")
+        if inc.cost:
+            lines.append(inc.cost)
         if inc.cls == IncidentClass.COMPUTE_STRAGGLER:
             lines.append(f"Action: drain {inc.where} and replace it (its GPUs compute slowly); "
                          f"no network repair.")

@@ -209,8 +209,23 @@ class Incident:
         return f"{again}{self.cls.label}: ranks {format_ranks(self.ranks)} on {self.where}{stage}{ratio}"
 
     @property
+    def cost(self) -> str:
+        """The impact in words ("" while unknown)."""
+        imp = self.impact
+        if not imp.iteration_s_before == imp.iteration_s_before:   # NaN: no level before the onset
+            return ""
+        text = (f"Cost: {imp.gpu_hours_lost:,.0f} GPU-hours lost{' so far' if self.is_open else ''} "
+                f"(iteration {imp.iteration_s_before:.1f} s -> {imp.iteration_s_now:.1f} s, "
+                f"x{imp.slowdown:.2f})")
+        if imp.iteration_s_if_restored == imp.iteration_s_if_restored:
+            text += f"; about {imp.iteration_s_if_restored:.1f} s per iteration with the culprits restored"
+        return text + "."
+
+    @property
     def text(self) -> str:
         parts = [self.evidence.get("summary", self.title)]
+        if self.cost:
+            parts.append(self.cost)
         for e in self.events:
             parts.append(f"Event '{e.name}' on {e.where}: {e.verdict} ({e.reason}).")
         if self.status == Status.RESOLVED:

@@ -7,7 +7,7 @@ A scenario is a TOML file (the built-ins ship in ``simulator/scenarios/``)::
                           # host_pattern (default "gpu-node-{node:05d}")
     [run]                 # job, iterations, seed
     [model]               # optional: ModelParams overrides (microbatches, mlp_ms, ...)
-    [[fault]]             # kind, ranks | node | pp, stage, factor, start, end
+    [[fault]]             # kind, ranks | node | pp, stage, factor, start, end, every, repeats
     [[event]]             # name, at, node | rank, severity, source, text
 
 Everything is validated when the scenario is built: unknown keys, bad rank
@@ -41,7 +41,7 @@ TRANSIENT_DEFAULT_LENGTH = 3
 
 _TOP_KEYS = {"description", "topology", "run", "model", "fault", "event"}
 _RUN_KEYS = {"job", "iterations", "seed"}
-_FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end"}
+_FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats"}
 _EVENT_KEYS = {"name", "at", "node", "rank", "severity", "source", "text"}
 
 
@@ -58,7 +58,8 @@ class Fault:
     compute_slowdown / stage_imbalance meaning "all compute stages of a layer");
     ``factor`` multiplies the stage's duration (or, for link_degradation, the
     transfer time of every collective the ranks take part in); active for
-    iterations ``start <= i < end`` (``end`` None: to the end of the run).
+    iterations ``start <= i < end`` (``end`` None: to the end of the run) and, for a
+    fault that comes and goes, again ``every`` iterations later, ``repeats`` times in all.
     """
 
     kind: str
@@ -67,24 +68,38 @@ class Fault:
     factor: float = 1.0
     start: int = 0
     end: int | None = None
+    every: int | None = None
+    repeats: int = 1
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Fault):
             return NotImplemented
-        return (self.kind, self.stage, self.factor, self.start, self.end) == \
-            (other.kind, other.stage, other.factor, other.start, other.end) and \
-            np.array_equal(self.ranks, other.ranks)
+        return (self.kind, self.stage, self.factor, self.start, self.end, self.every, self.repeats) == \
+            (other.kind, other.stage, other.factor, other.start, other.end, other.every, other.repeats) \
+            and np.array_equal(self.ranks, other.ranks)
 
     __hash__ = None  # type: ignore[assignment]
 
     def active(self, iteration: int) -> bool:
-        return iteration >= self.start and (self.end is None or iteration < self.end)
+        if self.every is None or self.end is None:
+            return iteration >= self.start and (self.end is None or iteration < self.end)
+        k, phase = divmod(iteration - self.start, self.every)
+        return iteration >= self.start and k < self.repeats and phase < self.end - self.start
+
+    @property
+    def episodes(self) -> list[tuple[int, int | None]]:
+        """``(start, end)`` of each time the fault is active."""
+        if self.every is None or self.end is None:
+            return [(self.start, self.end)]
+        return [(self.start + k * self.every, self.end + k * self.every) for k in range(self.repeats)]
 
     def to_dict(self, topology: Topology) -> dict[str, Any]:
         return {"kind": self.kind, "ranks": [int(r) for r in self.ranks],
                 "nodes": [int(n) for n in topology.nodes_of(self.ranks)],
                 "stage": self.stage, "factor": float(self.factor),
-                "start": int(self.start), "end": None if self.end is None else int(self.end)}
+                "start": int(self.start), "end": None if self.end is None else int(self.end),
+                "every": self.every, "repeats": int(self.repeats),
+                "episodes": [[int(a), None if b is None else int(b)] for a, b in self.episodes]}
 
 
 @dataclass(frozen=True)
@@ -307,7 +322,19 @@ class _Parser:
             end = self.guard((*p, "end"), _nonnegative_int, end, "end")
             if end <= start:
                 raise self.fail((*p, "end"), f"end ({end}) must be after start ({start})")
-        return Fault(kind=kind, ranks=ranks, stage=stage, factor=float(factor), start=start, end=end)
+        every, repeats = d.get("every"), d.get("repeats", 1)
+        if every is not None or "repeats" in d:
+            if end is None:
+                raise self.fail((*p, "every"), "a fault that repeats needs an end (the length of one episode)")
+            every = self.guard((*p, "every"), _positive_int, every, "every") if every is not None else None
+            repeats = self.guard((*p, "repeats"), _positive_int, repeats, "repeats")
+            if every is None:
+                raise self.fail((*p, "every"), "repeats needs every = N (iterations from one start to the next)")
+            if every <= end - start:
+                raise self.fail((*p, "every"), f"every ({every}) must exceed the episode length "
+                                               f"({end - start}): the episodes would overlap")
+        return Fault(kind=kind, ranks=ranks, stage=stage, factor=float(factor), start=start, end=end,
+                     every=every, repeats=int(repeats))
 
     def selector(self, d: dict[str, Any], p: tuple[Any, ...], topo: Topology, kind: str) -> np.ndarray:
         given = [k for k in ("ranks", "node", "pp") if k in d]

@@ -1,7 +1,8 @@
 """A job's incidents and out-of-band events, as the rules see them: bounded in memory.
 
 The book holds the open incidents, the recently resolved ones (for
-``keep_resolved`` iterations, so a late update of one can still find it) and
+``keep_resolved`` iterations, so a late update of one can still find it, and the
+same fault coming back within ``reopen_within`` iterations reopens it) and
 the out-of-band events that can still matter. Older incidents live on in the
 store only; an always-on analyzer's memory does not grow with the job's age.
 Every incident's events are judged here (:meth:`judge_events`), whatever rule
@@ -10,6 +11,9 @@ made it.
 
 from __future__ import annotations
 
+import numpy as np
+
+from analyzer.diagnosis.rank_sets import overlap
 from analyzer.events import OutOfBandEvent, category, verdict
 from analyzer.window import Window
 from rankscope.incident import EventVerdict, Incident
@@ -21,8 +25,9 @@ MAX_EVENTS = 10_000
 class IncidentBook:
     """Open and recently resolved incidents of one job, and its recent events."""
 
-    def __init__(self, event_lookback: int, keep_resolved: int):
+    def __init__(self, event_lookback: int, keep_resolved: int, reopen_within: int = 0):
         self.event_lookback = event_lookback
+        self.reopen_within = reopen_within
         self.keep_resolved = keep_resolved
         self._incidents: dict[str, Incident] = {}
         self._judge_from: dict[str, int] = {}   # incident id -> time its events are judged from
@@ -38,9 +43,65 @@ class IncidentBook:
         return [i for i in self._incidents.values() if i.is_open]
 
     def register(self, inc: Incident) -> Incident:
-        """Add an incident; one found again under the same id (after a restart) replaces it."""
+        """Add an incident and return the one that stands for it from now on.
+
+        One found again under the same id (after a restart) replaces it. One whose culprits
+        (same class, overlapping ranks) resolved less than ``reopen_within`` iterations ago
+        reopens that incident as a new episode of an intermittent fault: same id, the new
+        episode's evidence, ``episodes`` counted.
+        """
+        if inc.id not in self._incidents:
+            old = self._reopenable(inc)
+            if old is not None:
+                return self._reopen(old, inc)
         self._incidents[inc.id] = inc
         return inc
+
+    def adopt(self, inc: Incident) -> None:
+        """Hold an incident read back from the store, as it is (no reopening)."""
+        self._incidents[inc.id] = inc
+
+    def _reopenable(self, inc: Incident) -> Incident | None:
+        ranks = np.asarray(inc.ranks, dtype=np.int64)
+        best = None
+        for old in self._incidents.values():
+            if (old.cls == inc.cls and not old.is_open and old.resolved_iteration >= 0
+                    and inc.onset_iteration - old.resolved_iteration <= self.reopen_within
+                    and overlap(np.asarray(old.ranks, dtype=np.int64), ranks) >= 0.5
+                    and (best is None or old.resolved_iteration > best.resolved_iteration)):
+                best = old
+        return best
+
+    def next_episode(self, inc: Incident, iteration: int) -> None:
+        """An open intermittent incident whose culprits, quiet for a while, are slow again."""
+        episodes = [*(inc.evidence.get("episodes") or []), {"onset": int(iteration), "resolved": -1}]
+        inc.episodes = len(episodes)
+        inc.last_onset = int(iteration)
+        summary = str(inc.evidence.get("summary", ""))
+        rest = summary.split(". ", 1)[1] if summary.startswith("Intermittent:") else summary
+        onsets = ", ".join(str(e["onset"]) for e in episodes)
+        inc.evidence = {**inc.evidence, "episodes": episodes,
+                        "summary": (f"Intermittent: episode {len(episodes)} of the same fault since "
+                                    f"iteration {inc.first_onset} (onsets {onsets}). {rest}")}
+
+    def _reopen(self, old: Incident, new: Incident) -> Incident:
+        past = old.evidence.get("episodes") or [{"onset": old.first_onset, "resolved": old.resolved_iteration}]
+        episodes = [*past, {"onset": new.onset_iteration, "resolved": new.resolved_iteration}]
+        old.episodes = len(episodes)
+        old.last_onset = new.onset_iteration
+        old.ranks = sorted(set(old.ranks) | set(new.ranks))
+        old.nodes = sorted(set(old.nodes) | set(new.nodes))
+        old.hosts = sorted(set(old.hosts) | set(new.hosts))
+        old.stage, old.ratio = new.stage, new.ratio
+        old.group_type, old.group_ranks = new.group_type, new.group_ranks
+        old.status, old.resolved_iteration = new.status, new.resolved_iteration
+        onsets = ", ".join(str(e["onset"]) for e in episodes)
+        old.evidence = {**new.evidence, "episodes": episodes, "intermittent": True,
+                        "summary": (f"Intermittent: episode {len(episodes)} of the same fault since "
+                                    f"iteration {old.first_onset} (onsets {onsets}). "
+                                    + str(new.evidence.get("summary", "")))}
+        old.events = new.events or old.events
+        return old
 
     def known(self, incident_id: str) -> bool:
         return incident_id in self._incidents

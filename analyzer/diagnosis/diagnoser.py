@@ -53,7 +53,8 @@ class Diagnoser:
         missing = set(IncidentClass) - set(self._owner)
         if missing:
             raise RuntimeError(f"no rule owns incident class(es) {sorted(missing)}")
-        self.book = IncidentBook(cfg.event_lookback, keep_resolved=cfg.history)
+        self.book = IncidentBook(cfg.event_lookback, keep_resolved=max(cfg.history, cfg.reopen_within),
+                                 reopen_within=cfg.reopen_within)
         self._quiet: dict[str, int] = {}
 
     # ------------------------------------------------------------ state
@@ -72,7 +73,7 @@ class Diagnoser:
         for inc in incidents:
             if self.book.known(inc.id):
                 continue
-            self.book.register(inc)
+            self.book.adopt(inc)
             if inc.is_open:
                 self._owner[inc.cls].adopt(inc)
 
@@ -80,6 +81,7 @@ class Diagnoser:
         """New thresholds for every rule (their state kept)."""
         self.cfg = cfg
         self.book.event_lookback = cfg.event_lookback
+        self.book.reopen_within = cfg.reopen_within
         for rule in self.rules:
             rule.cfg = cfg  # type: ignore[attr-defined]
 
@@ -109,11 +111,23 @@ class Diagnoser:
         return list(changed.values())
 
     def _resolve(self, obs: Observation) -> list[Incident]:
+        """Resolve incidents their rule has found inactive long enough; count the return of an
+        intermittent one that had gone quiet as its next episode."""
         out = []
         for inc in self.book.open():
             rule = self._owner[inc.cls]
-            q = 0 if rule.active(inc, obs) else self._quiet.get(inc.id, 0) + 1
-            if q >= rule.quiet_to_resolve(inc):
+            before = self._quiet.get(inc.id, 0)
+            needed = rule.quiet_to_resolve(inc)
+            if rule.active(inc, obs):
+                if inc.intermittent and before >= needed:   # quiet long enough to count as away
+                    self.book.next_episode(inc, obs.iteration)
+                    out.append(inc)
+                self._quiet[inc.id] = 0
+                continue
+            q = before + 1
+            if inc.intermittent:   # a fault that came back: resolved once it stays away long enough
+                needed = max(needed, self.cfg.reopen_within)
+            if q >= needed:
                 inc.resolve(obs.iteration - q + 1)
                 rule.resolved(inc)
                 self._quiet.pop(inc.id, None)

@@ -22,17 +22,22 @@ Example::
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
-from analyzer.diagnosis.rule import Episode, culprit_incident, overlap
+from analyzer.diagnosis.rank_sets import overlap
+from analyzer.diagnosis.rule import Episode, culprit_incident
 from analyzer.floors import FloorScores, intersect_risen
-from analyzer.rank_scores import RankScores
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks
+
+#: Iterations whose median p2p times locate the slow hops (robust to one noisy iteration).
+P2P_ITERATIONS = 3
 
 
 class LinkRule:
@@ -60,8 +65,9 @@ class LinkRule:
         kinds_risen = {k for k, r in zip(floors.kind, floors.risen, strict=True) if r.any()}
         if len(set(floors.kind)) >= 2 and len(kinds_risen) < 2:
             culprits = np.empty(0, np.int64)
+        separable = True
         if len(culprits) > 1:
-            culprits = self._refine_by_p2p(culprits, obs.scores)
+            culprits, separable = self._refine_by_p2p(culprits, obs)
         if not len(culprits):
             self.episode = None
             return []
@@ -82,12 +88,12 @@ class LinkRule:
         for inc in book.open():
             if inc.cls == IncidentClass.LINK_DEGRADATION and overlap(np.asarray(inc.ranks), ep.ranks) >= 0.5:
                 return []
-        inc = self._incident(ep, floors, obs)
+        inc = self._incident(ep, floors, obs, ambiguous=not separable and len(self.topo.nodes_of(ep.ranks)) > 1)
         book.judge_events(inc, obs.window)
-        book.register(inc)
+        inc = book.register(inc)
         return [inc]
 
-    def _incident(self, ep: Episode, floors: FloorScores, obs: Observation) -> Incident:
+    def _incident(self, ep: Episode, floors: FloorScores, obs: Observation, ambiguous: bool) -> Incident:
         inc = culprit_incident(self.job, IncidentClass.LINK_DEGRADATION, ep.ranks, self.topo, ep.onset,
                                ep.onset_ms, stage=ep.stage, ratio=float(ep.ratio), group_type=None,
                                group_ranks=[])
@@ -98,25 +104,57 @@ class LinkRule:
         if inc.group_type:
             inc.group_ranks = self.topo.group_ranks(inc.group_type, int(ep.ranks[0])).tolist()
         txt = ", ".join(f"{n} ({k}) x{r:.1f}" for n, k, r in risen)
+        summary = (f"The transfer floor (the fastest member's time, i.e. pure transfer) rose in every "
+                   f"collective group of ranks {format_ranks(ep.ranks)} ({inc.where}): "
+                   f"{txt}. Compute stages are normal, so the ranks at the intersection of those "
+                   f"groups have slow transfers: a degraded link or NIC.")
+        if ambiguous:
+            summary += (f" No timing separates these {len(inc.nodes)} machines: without pipeline hops "
+                        f"of their own (pp={self.topo.pp}, EP groups of {self.topo.ep} ranks on "
+                        f"{self.topo.gpus_per_node}-GPU nodes) every collective they run includes them "
+                        f"all, so this is the smallest set the data supports; the degraded link is on "
+                        f"one of them: check each.")
+        elif self.topo.pp > 1:
+            summary += (" Inside their lockstep groups only these ranks' own pipeline hops (pp_send/"
+                        "pp_recv) are slow, which puts the link on them.")
         inc.evidence = {
-            "summary": (f"The transfer floor (the fastest member's time, i.e. pure transfer) rose in every "
-                        f"collective group of ranks {format_ranks(ep.ranks)} ({inc.where}): "
-                        f"{txt}. Compute stages are normal, so the ranks at the intersection of those "
-                        f"groups have slow transfers: a degraded link or NIC."),
-            "stage": ep.stage, "ratio": round(float(ep.ratio), 3), "risen_floors": risen,
+            "summary": summary, "stage": ep.stage, "ratio": round(float(ep.ratio), 3), "risen_floors": risen,
+            "ambiguous": ambiguous,
             "group": {"type": inc.group_type, "ranks": format_ranks(inc.group_ranks)}, "l1": obs.l1_step,
         }
         return inc
 
-    def _refine_by_p2p(self, culprits: np.ndarray, scores: RankScores) -> np.ndarray:
-        """Within a collective group every member sees the same slow transfer; a pipeline hop
-        involves only the two ranks it joins. Keep the candidates whose own p2p times rose."""
+    def _refine_by_p2p(self, candidates: np.ndarray, obs: Observation) -> tuple[np.ndarray, bool]:
+        """Narrow the candidates down to the ranks whose own pipeline hops are slow.
+
+        Floors say which collective groups have a slow member, not which member. A pipeline
+        hop involves only the two ranks it joins, and the ranks of one lockstep group (the EP
+        group, or the TP group, at one pipeline stage) share their pipeline waits, so inside
+        such a group a rank whose p2p times stand above its mates' has the slow link. Where a
+        whole lockstep group is behind the link (nobody stands out), its candidates stay.
+        Returns the culprits and whether pipeline hops could separate them at all.
+        """
         p2p = [i for i, st in enumerate(self.stages) if st.kind == "comm" and st.group == "pipeline"]
-        if not p2p or self.topo.pp < 2:
-            return culprits
-        with np.errstate(invalid="ignore"):
-            rose = (scores.rel[np.ix_(culprits, p2p)] > np.log1p(self.cfg.floor_change)).any(axis=1)
-        return culprits[rose] if rose.any() else culprits
+        lock = "ep" if self.topo.ep > 1 else "tp" if self.topo.tp > 1 else None
+        if not p2p or self.topo.pp < 2 or lock is None:
+            return candidates, False
+        recent = obs.window.recent(P2P_ITERATIONS)[:, :, p2p]
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            level = np.nanmedian(recent, axis=0)                      # [R, P]
+            groups = np.unique(self.topo.group_ids(lock)[candidates])
+            members = self.topo.members(lock)[groups]                 # [G, size]
+            v = level[members]                                        # [G, size, P]
+            # against what the healthy mates achieve, even when half of the group is slow
+            ref = np.nanquantile(v, self.cfg.reference_quantile, axis=1, keepdims=True)
+            lr = np.nanmax(np.nan_to_num(np.log(v / ref), nan=0.0, neginf=0.0), axis=2)   # [G, size]
+        top = lr.max(axis=1, keepdims=True)
+        # out by the floor threshold, and comparable to the worst of the group (chance risers are not)
+        stands = (lr >= np.log1p(self.cfg.floor_change)) & (lr >= 0.5 * top)
+        few = stands.any(axis=1) & (stands.sum(axis=1) * 2 <= members.shape[1])
+        keep = np.where(few[:, None], stands, True) & np.isin(members, candidates)
+        culprits = np.unique(members[keep])
+        return (culprits if len(culprits) else candidates), True
 
     def active(self, inc: Incident, obs: Observation) -> bool:
         return self.episode is not None and overlap(self.episode.ranks, np.asarray(inc.ranks)) >= 0.5

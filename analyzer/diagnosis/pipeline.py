@@ -24,7 +24,8 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
-from analyzer.diagnosis.rule import Episode, culprit_incident, jaccard
+from analyzer.diagnosis.rank_sets import jaccard
+from analyzer.diagnosis.rule import Episode, culprit_incident
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks
@@ -73,7 +74,7 @@ class PipelineRule:
             "group": {"type": "pipeline", "ranks": format_ranks(inc.group_ranks)}, "l1": obs.l1_step,
         }
         book.judge_events(inc, obs.window)
-        book.register(inc)
+        inc = book.register(inc)
         return [inc]
 
     def active(self, inc: Incident, obs: Observation) -> bool:

@@ -59,7 +59,7 @@ class SilenceRule:
         inc.evidence = {"summary": (f"Ranks {format_ranks(new)} ({inc.where}) stopped reporting "
                                     f"at iteration {onset} while the other ranks go on: a hung or crashed "
                                     f"process, or its collector.")}
-        book.register(inc)
+        inc = book.register(inc)
         return [inc]
 
     def active(self, inc: Incident, obs: Observation) -> bool:

@@ -33,7 +33,8 @@ from analyzer.diagnosis.rank_evidence import (
     split_by_onset_and_place,
     write_rank_evidence,
 )
-from analyzer.diagnosis.rule import distance, set_culprits
+from analyzer.diagnosis.rank_sets import distance
+from analyzer.diagnosis.rule import set_culprits
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
@@ -73,7 +74,7 @@ class StragglerRule:
                 cells.claim(part_r, s)
                 write_rank_evidence(inc, obs, self.topo, self.stages)
                 book.judge_events(inc, obs.window)
-                book.register(inc)
+                inc = book.register(inc)
                 out.append(inc)
         return out
 

@@ -65,7 +65,7 @@ class TransientStallRule:
                 write_rank_evidence(inc, obs, self.topo, self.stages)
                 book.judge_events(inc, obs.window)
                 inc.resolve(obs.iteration)
-                book.register(inc)
+                inc = book.register(inc)
                 out.append(inc)
         return out
 

@@ -1,0 +1,64 @@
+"""Link degradation names the node behind the slow NIC, not its whole collective group."""
+
+import numpy as np
+import pytest
+
+from analyzer.engine import JobAnalyzer
+from evaluation.accuracy import result_cube
+from rankscope.incident import IncidentClass
+from rankscope.schema import DEFAULT_STAGES
+from simulator.cluster import ClusterSimulator
+from simulator.scenario import Scenario
+
+
+def _incidents(topology: dict, node: int, factor: float, iterations: int = 40, seed: int = 5):
+    sc = Scenario.from_dict({"topology": topology, "run": {"job": "lk", "iterations": iterations, "seed": seed},
+                             "fault": [{"kind": "link_degradation", "node": node, "factor": factor,
+                                        "start": 25 if iterations > 30 else 18}]})
+    sim = ClusterSimulator(sc)
+    ja = JobAnalyzer("lk", sc.topology, DEFAULT_STAGES)
+    latest = {}
+    for _ in range(iterations):
+        res = sim.step()
+        for inc in ja.feed(result_cube(res, sim.stages.names)).incidents:
+            latest[inc.id] = inc
+    return sc.topology, list(latest.values())
+
+
+@pytest.mark.slow
+def test_il0477_shaped_nic_degradation_names_exactly_its_node():
+    """tp=1 pp=9 dp=1440 ep=32, 8 GPUs a node, the NIC of one node x4 from iteration 25: the
+    node's 8 ranks, not the 32 of its EP group (their own pipeline hops are what is slow)."""
+    topo, incidents = _incidents({"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8}, 1294, 4.0)
+    (inc,) = incidents
+    assert inc.cls == IncidentClass.LINK_DEGRADATION
+    assert inc.ranks == list(range(10352, 10360)) and inc.nodes == [1294]
+    assert inc.hosts == ["gpu-node-01294"] and inc.evidence["ambiguous"] is False
+
+
+@pytest.mark.parametrize("topology", [
+    {"tp": 1, "pp": 4, "dp": 64, "ep": 16, "gpus_per_node": 8},    # EP group spans two nodes
+    {"tp": 2, "pp": 4, "dp": 32, "ep": 8, "gpus_per_node": 8},     # a node holds both TP ranks
+    {"tp": 1, "pp": 8, "dp": 32, "ep": 4, "gpus_per_node": 8},     # a node holds two whole EP groups
+])
+def test_small_shapes_name_the_node(topology):
+    world = topology["tp"] * topology["pp"] * topology["dp"]
+    node = world // topology["gpus_per_node"] // 2 + 1
+    topo, incidents = _incidents(topology, node, 4.0, iterations=35)
+    (inc,) = incidents
+    assert inc.cls == IncidentClass.LINK_DEGRADATION
+    assert inc.ranks == topo.node_ranks([node]).tolist()
+    assert not inc.evidence["ambiguous"]
+
+
+def test_without_pipeline_hops_the_smallest_supported_set_is_flagged_ambiguous():
+    """pp=1 and EP groups wider than a node: every collective of the node also holds the other
+    node of its EP group, so no timing can separate them; both are named, flagged ambiguous."""
+    topology = {"tp": 1, "pp": 1, "dp": 128, "ep": 16, "gpus_per_node": 8}
+    topo, incidents = _incidents(topology, 8, 5.0, iterations=35)
+    (inc,) = incidents
+    ep_group = topo.group_ranks("ep", 64)
+    assert set(topo.node_ranks([8]).tolist()) <= set(inc.ranks) <= set(ep_group.tolist())
+    assert inc.evidence["ambiguous"] is True
+    assert "smallest set the data supports" in inc.evidence["summary"]
+    assert np.array_equal(topo.nodes_of(inc.ranks), [8, 9])
