@@ -10,6 +10,7 @@ COPY simulator ./simulator
 COPY analyzer ./analyzer
 COPY dashboards ./dashboards
 COPY evaluation ./evaluation
+COPY events ./events
 RUN pip install . && rankscope --version
 
 RUN useradd --create-home --uid 10001 rankscope

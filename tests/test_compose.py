@@ -31,10 +31,10 @@ def _substitute(value: str) -> str:
 
 
 def test_services_and_pinned_images():
-    assert set(SERVICES) == {"influxdb", "grafana", "collector", "analyzer"}
+    assert set(SERVICES) == {"influxdb", "grafana", "collector", "analyzer", "events"}
     assert SERVICES["influxdb"]["image"] == "influxdb:2.9"
     assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", SERVICES["grafana"]["image"])
-    for name in ("collector", "analyzer"):
+    for name in ("collector", "analyzer", "events"):
         assert SERVICES[name]["build"] == "." and SERVICES[name]["image"] == "rankscope:local"
 
 
@@ -84,8 +84,11 @@ def test_grafana_gets_every_variable_the_datasource_file_reads():
     assert wanted <= set(_env("grafana"))
 
 
-@pytest.mark.parametrize("name,command", [("collector", ["simulate", "il-0477", "--live"]),
-                                          ("analyzer", ["analyze", "--every", "30s"])])
+@pytest.mark.parametrize("name,command", [
+    ("collector", ["simulate", "il-0477", "--live"]),
+    ("analyzer", ["analyze", "--every", "30s"]),
+    ("events", ["events", "serve", "--listen", "0.0.0.0:9095"]),
+])
 def test_rankscope_services_run_real_commands_with_the_env_rankscope_reads(name, command):
     svc = SERVICES[name]
     assert svc["command"] == ["rankscope", *command]
@@ -99,11 +102,23 @@ def test_rankscope_services_run_real_commands_with_the_env_rankscope_reads(name,
     assert svc["depends_on"]["influxdb"]["condition"] == "service_healthy"
 
 
+def test_events_receiver_listens_in_the_network_and_is_published_on_loopback():
+    svc = SERVICES["events"]
+    args = build_parser().parse_args(svc["command"][1:])
+    host, port = args.listen
+    assert host == "0.0.0.0"  # other containers (Alertmanager, Grafana) reach it by service name
+    assert svc["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert svc["environment"] == SERVICES["analyzer"]["environment"]  # same store, same secrets
+    probe = " ".join(svc["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{port}/healthz" in probe
+
+
 def test_dockerfile_installs_every_package_of_the_project():
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
     assert re.search(r"^RUN pip install \.", text, re.M)
-    packages = ("rankscope", "collector", "simulator", "analyzer", "dashboards", "evaluation")
+    packages = ("rankscope", "collector", "simulator", "analyzer", "dashboards", "evaluation",
+                "events")
     for pkg in packages:
         assert re.search(rf"^COPY {pkg} \./{pkg}$", text, re.M), pkg
     pyproject = (ROOT / "pyproject.toml").read_text()

@@ -1,0 +1,129 @@
+"""``rankscope events serve`` (the webhook receiver) and ``rankscope event add`` (one event from
+a script or a runbook)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from events.payloads import DEFAULT_HOST_LABELS, from_rankscope
+from events.receiver import TOKEN_ENV, EventReceiver, ReceiverConfig
+from events.rows import DEFAULT_SEVERITY, DEFAULT_SOURCE, RESOLVED, events_frame, format_time
+from rankscope import schema
+from rankscope.cli import add_store_options
+from rankscope.store import open_store
+
+log = logging.getLogger("events")
+
+DEFAULT_LISTEN = "127.0.0.1:9095"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv4 address or host name) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535 or ":" in host:
+        raise argparse.ArgumentTypeError(f"--listen {text!r}: expected HOST:PORT, "
+                                         f"e.g. {DEFAULT_LISTEN}")
+    return host, int(port)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``events serve`` and ``event add``."""
+    events = sub.add_parser(
+        "events", help="receive out-of-band events from Alertmanager and Grafana alerting",
+        description="Out-of-band events from the monitoring you already run, written into the "
+                    "event measurement where the analyzer judges them against the traces (see "
+                    "docs/events.md).")
+    events_sub = events.add_subparsers(dest="events_command", metavar="COMMAND", required=True)
+    serve = events_sub.add_parser(
+        "serve", help="the HTTP receiver: POST /alertmanager, /grafana, /events; GET /healthz",
+        description=f"Receive Alertmanager webhooks (POST /alertmanager), Grafana alerting webhook "
+                    f"contact points (POST /grafana) and rankscope's own JSON list (POST /events); "
+                    f"each usable alert becomes one event point. When {TOKEN_ENV} is set, every "
+                    f"POST must carry 'Authorization: Bearer <token>'.")
+    add_store_options(serve)
+    serve.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
+                       metavar="HOST:PORT", help=f"address to listen on (default {DEFAULT_LISTEN}, "
+                                                 f"loopback only)")
+    serve.add_argument("--host-label", action="append", dest="host_labels", metavar="LABEL",
+                       help=f"label naming the machine, in order of preference "
+                            f"(repeatable; default {', '.join(DEFAULT_HOST_LABELS)}); "
+                            f"a :port suffix is stripped")
+    serve.add_argument("--job", help="tag every event with this job (default: none, cluster events "
+                                     "matched to jobs by host)")
+    serve.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
+                       help="largest request body accepted (default 1 MiB; larger: 413)")
+    serve.set_defaults(func=run_serve)
+
+    event = sub.add_parser("event", help="write one out-of-band event (scripts, runbooks)",
+                           description="Write out-of-band events into the event measurement.")
+    event_sub = event.add_subparsers(dest="event_command", metavar="COMMAND", required=True)
+    add = event_sub.add_parser(
+        "add", help="write one event",
+        description="Write one event, e.g. rankscope event add --name 'server port down' "
+                    "--host gpu-node-01294. A --resolved notice with the same name, host, time, "
+                    "severity and source rewrites the firing event.")
+    add_store_options(add)
+    add.add_argument("--name", required=True, help="what happened, e.g. 'server port down'")
+    add.add_argument("--host", required=True, help="the machine it happened on")
+    add.add_argument("--time", help="when it started: RFC 3339 (2026-07-08T09:30:00Z) or epoch "
+                                    "milliseconds (default: now)")
+    add.add_argument("--severity", default=DEFAULT_SEVERITY, help=f"default {DEFAULT_SEVERITY}")
+    add.add_argument("--text", default="", help="free text (default: the name)")
+    add.add_argument("--source", default=DEFAULT_SOURCE,
+                     help=f"who reports it (default {DEFAULT_SOURCE})")
+    add.add_argument("--job", help="the job it concerns (default: none, a cluster event matched "
+                                   "by host)")
+    add.add_argument("--resolved", action="store_true", help="the event is over (ended now)")
+    add.set_defaults(func=run_add)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    token = os.environ.get(TOKEN_ENV) or None
+    config = ReceiverConfig(host_labels=tuple(args.host_labels or DEFAULT_HOST_LABELS),
+                            job=args.job, token=token, max_body_bytes=args.max_body)
+    store = open_store(args.store, args.bucket)
+    receiver = EventReceiver(store, args.listen, config)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)  # one line per payload is the receiver's output
+    if not token and args.listen[0] not in LOOPBACK:
+        log.warning("listening on %s without a bearer token: anyone who reaches it can write "
+                    "events (set %s)", args.listen[0], TOKEN_ENV)
+    if hasattr(signal, "SIGTERM") and threading.current_thread() is threading.main_thread():
+        # stop like Ctrl-C (docker stop); shutdown() waits for serve_forever, so not in the handler
+        signal.signal(signal.SIGTERM,
+                      lambda *_: threading.Thread(target=receiver.server.shutdown).start())
+    print(f"receiving events on {receiver.url} (POST {', '.join(receiver.paths)}) into {store!r}; "
+          f"bearer token {'required' if token else 'not required'}; "
+          f"{'job ' + args.job if args.job else 'cluster events'} (Ctrl-C to stop)",
+          file=sys.stderr)
+    try:
+        receiver.serve_forever()
+    finally:
+        store.close()
+    return 0
+
+
+def run_add(args: argparse.Namespace) -> int:
+    now_ms = int(time.time() * 1000)
+    item = {"name": args.name, "host": args.host, "severity": args.severity, "source": args.source,
+            "text": args.text}
+    if args.time is not None:
+        item["time"] = args.time
+    if args.resolved:
+        item["status"] = RESOLVED
+    tr = from_rankscope([item], now_ms)
+    if not tr.ok:
+        raise ValueError(tr.refused[0].reason)
+    row = tr.rows[0]
+    with open_store(args.store, args.bucket) as store:
+        store.write_measurement(schema.EVENT, events_frame(tr.rows, args.job))
+    print(f"event {row.name!r} on {row.host} at {format_time(row.time_ms)} ({row.status}) written "
+          f"{'for job ' + args.job if args.job else 'as a cluster event'}")
+    return 0
