@@ -26,8 +26,11 @@ from rankscope.schema import DEFAULT_STAGES
 from simulator.cluster import ClusterSimulator, IterationResult
 from simulator.scenario import FAULT_KINDS, Scenario
 
+#: A compute slowdown that comes and goes (bursts); scored as a kind of its own: one incident per fault.
+INTERMITTENT = "intermittent_compute"
 #: Incident class the analyzer should give each fault kind.
 EXPECTED_CLASS = {
+    INTERMITTENT: IncidentClass.COMPUTE_STRAGGLER,
     "compute_slowdown": IncidentClass.COMPUTE_STRAGGLER,
     "link_degradation": IncidentClass.LINK_DEGRADATION,
     "stage_imbalance": IncidentClass.PIPELINE_IMBALANCE,
@@ -48,6 +51,10 @@ FACTOR_RANGE = {
     "transient_stall": (4.0, 20.0),
     "host_stall": (10.0, 50.0),
 }
+#: Topologies of the link-degradation set: the small ones and shapes where a node, an EP group
+#: and a TP group relate differently (EP wider than a node, a node holding whole EP groups, tp>1).
+LINK_TOPOLOGIES = SMALL_TOPOLOGIES + ((1, 4, 64, 16, 8), (4, 2, 32, 8, 8), (1, 3, 96, 32, 8),
+                                      (2, 4, 32, 4, 4), (1, 2, 128, 32, 8))
 #: Noise multipliers applied to the model's sigmas (1.0 = the calibrated model).
 NOISE_LEVELS = (1.0, 1.0, 1.5, 2.0)
 _SIGMAS = ("iteration_sigma", "occurrence_sigma", "transfer_sigma", "host_sigma")
@@ -84,6 +91,8 @@ class Seen:
     stage: str | None
     onset_iteration: int
     first_iteration: int
+    ambiguous: bool = False
+    episodes: int = 1
 
 
 @dataclass
@@ -110,6 +119,9 @@ class FaultScore:
     class_ok: bool
     delay: int | None
     world: int
+    ambiguous: bool = False
+    #: incidents of the expected class naming these culprits (1 for a fault found once)
+    n_incidents: int = 0
 
 
 @dataclass
@@ -135,6 +147,10 @@ class KindSummary:
     class_accuracy: float
     delay_median: float
     delay_p95: float
+    ambiguous: int = 0
+    ambiguous_ok: int = 0
+    rank_precision_named: float = float("nan")
+    incidents_per_fault: float = float("nan")
 
     @property
     def recall(self) -> float:
@@ -164,6 +180,12 @@ def _fault(rng: np.random.Generator, kind: str, topo: dict[str, int], iterations
     taken.add(node)
     start = int(rng.integers(15, max(16, iterations - 15)))
     f: dict[str, Any] = {"kind": kind, "start": start}
+    if kind == INTERMITTENT:   # bursts of a compute slowdown on one node, a few iterations apart
+        length = int(rng.integers(4, 7))
+        start = min(start, iterations - 3 * (2 * length + 4))
+        return {"kind": "compute_slowdown", "node": node, "stage": str(rng.choice(["mlp", "attention"])),
+                "factor": round(_log_uniform(rng, 2.0, 6.0), 2), "start": max(15, start),
+                "end": max(15, start) + length, "every": length + int(rng.integers(4, 9)), "repeats": 3}
     if kind in FACTOR_RANGE:
         f["factor"] = round(_log_uniform(rng, *FACTOR_RANGE[kind]), 2)
     if kind == "compute_slowdown":
@@ -223,6 +245,31 @@ def generate_cases(seed: int, n: int, **kw: Any) -> list[Case]:
     return [generate_case(seed * 100_000 + i, **kw) for i in range(n)]
 
 
+def link_case(seed: int) -> Case:
+    """A degraded NIC on a random node of one of :data:`LINK_TOPOLOGIES` (noise x1-x2)."""
+    rng = np.random.default_rng([seed, 23])
+    tp, pp, dp, ep, gpn = LINK_TOPOLOGIES[int(rng.integers(len(LINK_TOPOLOGIES)))]
+    level = float(rng.choice(NOISE_LEVELS))
+    data: dict[str, Any] = {
+        "topology": {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "gpus_per_node": gpn},
+        "run": {"job": f"link-{seed}", "iterations": 45, "seed": int(seed)},
+        "fault": [{"kind": "link_degradation", "node": int(rng.integers(tp * pp * dp // gpn)),
+                   "factor": round(_log_uniform(rng, *FACTOR_RANGE["link_degradation"]), 2),
+                   "start": int(rng.integers(15, 25))}]}
+    if level != 1.0:
+        data["model"] = {k: round(BASE_SIGMAS[k] * level, 4) for k in _SIGMAS}
+    return Case(seed, data, level)
+
+
+def intermittent_case(seed: int) -> Case:
+    """A compute slowdown in three bursts on one node of a random small topology."""
+    rng = np.random.default_rng([seed, 31])
+    topo = _topology(rng, big=False)
+    data: dict[str, Any] = {"topology": topo, "run": {"job": f"flap-{seed}", "iterations": 75, "seed": int(seed)},
+                            "fault": [_fault(rng, INTERMITTENT, topo, 75, set())]}
+    return Case(seed, data)
+
+
 def single_gpu_case(seed: int, factor: float, topology: dict[str, int] | None = None,
                     iterations: int = 40, stage: str = "mlp") -> Case:
     """One GPU's ``stage`` slowed by ``factor`` from a random onset, at a random rank."""
@@ -259,7 +306,8 @@ def run_case(case: Case, config: AnalyzerConfig | None = None) -> Outcome:
             first.setdefault(inc.id, res.iteration)
             latest[inc.id] = inc
     seen = [Seen(i.id, i.cls, sorted(int(r) for r in i.ranks), i.stage, int(i.onset_iteration),
-                 first[i.id]) for i in latest.values()]
+                 first[i.id], bool(i.evidence.get("ambiguous", False)), int(i.episodes))
+            for i in latest.values()]
     return Outcome(case, sc.iterations, sc.topology.world, seen)
 
 
@@ -277,6 +325,8 @@ def _truth(case: Case) -> list[dict[str, Any]]:
     out = []
     for f in sc.faults:
         d = f.to_dict(topo)
+        if f.repeats > 1:
+            d["kind"] = INTERMITTENT
         if topo.tp > 1 and f.kind in _LOCKSTEP_KINDS and f.stage in (None, "attention", "mlp"):
             d["ranks"] = np.unique(topo.members("tp")[topo.group_ids("tp")[f.ranks]]).tolist()
         out.append(d)
@@ -299,11 +349,17 @@ def score_case(out: Outcome) -> CaseScore:
                 best, best_hit = inc, hit
         if best is not None:
             used.add(best.id)
+        want = EXPECTED_CLASS[f["kind"]]
+        naming = [i for i in out.incidents if i.cls == want and i.first_iteration >= f["start"]
+                  and np.isin(np.asarray(i.ranks, dtype=np.int64), true).any()]
         scores.append(FaultScore(
             seed=out.case.seed, kind=f["kind"], factor=float(f["factor"]), n_true=len(true),
             n_reported=len(best.ranks) if best else 0, n_hit=best_hit, detected=best is not None,
-            class_ok=best is not None and best.cls == EXPECTED_CLASS[f["kind"]],
-            delay=(best.first_iteration - f["start"]) if best else None, world=out.world))
+            class_ok=best is not None and best.cls == want,
+            delay=(best.first_iteration - f["start"]) if best else None, world=out.world,
+            ambiguous=bool(best is not None and best.ambiguous), n_incidents=len(naming)))
+        if f["kind"] == INTERMITTENT:   # its later episodes are the same incident, or more of them
+            used.update(i.id for i in naming)
     false = [i for i in out.incidents if i.id not in used]
     return CaseScore(out.case, scores, false, out.iterations, out.world)
 
@@ -316,11 +372,12 @@ def summarize(scores: list[CaseScore]) -> list[KindSummary]:
     """Per-kind figures (rank precision/recall micro-averaged over the detected faults' ranks)."""
     out = []
     faults = [f for s in scores for f in s.faults]
-    for kind in FAULT_KINDS:
+    for kind in (*FAULT_KINDS, INTERMITTENT):
         fs = [f for f in faults if f.kind == kind]
         if not fs:
             continue
         det = [f for f in fs if f.detected]
+        named = [f for f in det if not f.ambiguous]
         delays = np.array([f.delay for f in det], dtype=float)
         out.append(KindSummary(
             kind=kind, faults=len(fs), detected=len(det),
@@ -328,7 +385,11 @@ def summarize(scores: list[CaseScore]) -> list[KindSummary]:
             rank_recall=_ratio(sum(f.n_hit for f in fs), sum(f.n_true for f in fs)),
             class_accuracy=_ratio(sum(f.class_ok for f in det), len(det)),
             delay_median=float(np.median(delays)) if len(delays) else float("nan"),
-            delay_p95=float(np.percentile(delays, 95)) if len(delays) else float("nan")))
+            delay_p95=float(np.percentile(delays, 95)) if len(delays) else float("nan"),
+            ambiguous=len(det) - len(named),
+            ambiguous_ok=sum(f.ambiguous and f.n_hit == f.n_true for f in det),
+            rank_precision_named=_ratio(sum(f.n_hit for f in named), sum(f.n_reported for f in named)),
+            incidents_per_fault=_ratio(sum(f.n_incidents for f in det), len(det))))
     return out
 
 

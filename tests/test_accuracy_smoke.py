@@ -113,3 +113,18 @@ def test_l1_calibration_counts_false_alarms_and_power():
     p = step_power(x, s, 1.5, 150)
     assert p.detected == 3 and p.onset_exact == 3 and p.delay_median == 1.0
     assert step_power(x, s, 1.05, 150).detected == 0  # below min_change
+
+
+def test_link_and_intermittent_cases_are_scored_as_their_own_sets():
+    """The link set names the node (or an ambiguous set with the truth inside); a fault that
+    comes and goes is one incident."""
+    from evaluation.accuracy import intermittent_case, link_case
+
+    links = [score_case(run_case(link_case(SMOKE_SEED * 100 + i))) for i in range(4)]
+    (k,) = summarize(links)
+    assert k.kind == "link_degradation" and k.detected == 4 and k.rank_recall == 1.0
+    assert k.rank_precision_named == 1.0 or np.isnan(k.rank_precision_named)
+    flaps = [score_case(run_case(intermittent_case(SMOKE_SEED * 100 + i))) for i in range(2)]
+    (f,) = summarize(flaps)
+    assert f.kind == "intermittent_compute" and f.detected == 2 and f.incidents_per_fault == 1.0
+    assert all(not s.false_incidents for s in flaps)
