@@ -1,8 +1,10 @@
-"""Who this process is in the job: rank, parallel coordinates, node and job name.
+"""Who this process is in the job: rank, parallel coordinates, node, machine and job name.
 
 Every ``stage_latency`` point carries these tags (``job, rank, pp, dp, tp,
-ep_group, node``), so the analyzer can compare the ranks of one parallel group.
-They come, in order of preference, from
+ep_group, node, host`` and, where known, ``gpu``; the GPU's UUID as the
+``gpu_uuid`` field), so the analyzer can compare the ranks of one parallel group
+and an operator knows which machine to drain. The parallel coordinates come, in
+order of preference, from
 
 1. Megatron-LM's ``megatron.core.parallel_state`` when it is importable and
    initialised (its TP/PP/DP/EP sizes build the :class:`Topology`, and the
@@ -12,19 +14,27 @@ They come, in order of preference, from
 3. without either, a pure data-parallel job over the whole world.
 
 The job name comes from the argument, else ``RANKSCOPE_JOB``, else torchrun's
-``TORCHELASTIC_RUN_ID``.
+``TORCHELASTIC_RUN_ID``. The machine: the host name from the argument, else
+``RANKSCOPE_HOST``, else :func:`socket.gethostname`; the local GPU from torchrun's
+``LOCAL_RANK``, else the current CUDA device when CUDA is already initialised
+(see :func:`local_gpu`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from rankscope import schema
 from rankscope.lineprotocol import check_key
 from rankscope.topology import Topology
+
+#: Environment variable overriding the host name the points carry.
+HOST_ENV = "RANKSCOPE_HOST"
 
 
 class CoordinatesError(ValueError):
@@ -33,7 +43,12 @@ class CoordinatesError(ValueError):
 
 @dataclass(frozen=True)
 class RankCoordinates:
-    """The tags of one rank's points."""
+    """The tags of one rank's points, and the identity of the machine it runs on.
+
+    ``host`` is the machine's host name (what an operator drains), ``gpu`` the local
+    device index (None when unknown, e.g. on CPU outside torchrun) and ``gpu_uuid``
+    the GPU's UUID (``GPU-...``): a field of the points, not a tag.
+    """
 
     job: str
     rank: int
@@ -42,20 +57,100 @@ class RankCoordinates:
     tp: int
     ep_group: int
     node: int
+    host: str
+    gpu: int | None = None
+    gpu_uuid: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise CoordinatesError(f"host name must be a non-empty string, got {self.host!r}")
+        check_key(self.host, "host name")
+        if self.gpu is not None and (isinstance(self.gpu, bool) or not isinstance(self.gpu, int)
+                                     or self.gpu < 0):
+            raise CoordinatesError(f"gpu must be a non-negative device index or None, got {self.gpu!r}")
 
     def tags(self) -> dict[str, Any]:
-        """The ``stage_latency`` tag columns of this rank."""
-        return asdict(self)
+        """The ``stage_latency`` tag columns of this rank (``gpu`` only when known)."""
+        out: dict[str, Any] = {"job": self.job, "rank": self.rank, "pp": self.pp, "dp": self.dp,
+                               "tp": self.tp, "ep_group": self.ep_group, "node": self.node,
+                               "host": self.host}
+        if self.gpu is not None:
+            out["gpu"] = self.gpu
+        return out
+
+    def fields(self) -> dict[str, Any]:
+        """Constant fields of this rank's points: ``gpu_uuid`` when known."""
+        return {} if not self.gpu_uuid else {schema.GPU_UUID_FIELD: self.gpu_uuid}
 
     @classmethod
-    def from_topology(cls, topology: Topology, rank: int, job: str) -> RankCoordinates:
-        """Coordinates of ``rank`` in ``topology``."""
+    def from_topology(cls, topology: Topology, rank: int, job: str, host: str | None = None,
+                      gpu: int | None = None, gpu_uuid: str | None = None) -> RankCoordinates:
+        """Coordinates of ``rank`` in ``topology``.
+
+        ``host`` defaults to the topology's host name of the rank's node when it has host
+        names, else to this machine's (:func:`host_name`).
+        """
         if not isinstance(job, str) or not job:
             raise CoordinatesError(f"job name must be a non-empty string, got {job!r}")
         check_key(job, "job name")
         c = topology.coords_of(rank)
+        if host is None:
+            host = topology.host_names([c["node"]])[0] if topology.hosts is not None else host_name()
         return cls(job=job, rank=c["rank"], pp=c["pp"], dp=c["dp"], tp=c["tp"],
-                   ep_group=c["ep_group"], node=c["node"])
+                   ep_group=c["ep_group"], node=c["node"], host=host, gpu=gpu, gpu_uuid=gpu_uuid)
+
+
+def host_name(host: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """This machine's host name: ``host``, else ``RANKSCOPE_HOST``, else :func:`socket.gethostname`."""
+    env = os.environ if env is None else env
+    name = host or env.get(HOST_ENV) or socket.gethostname()
+    if not name:
+        raise CoordinatesError(f"no host name: pass host=... or set {HOST_ENV}")
+    return name
+
+
+def local_gpu(env: Mapping[str, str] | None = None, cuda: Any = None) -> tuple[int | None, str | None]:
+    """``(local device index, GPU UUID)`` of this process, each None when unknown.
+
+    The index is torchrun's ``LOCAL_RANK``, else ``torch.cuda.current_device()`` when CUDA
+    is available and already initialised (this function never initialises CUDA: that
+    would create a context as a side effect). The UUID comes from
+    ``torch.cuda.get_device_properties(current_device).uuid`` under the same condition.
+    Every torch call is guarded: a failure leaves the value unknown. ``cuda`` stands in
+    for ``torch.cuda`` (default: that module, when torch is installed).
+    """
+    env = os.environ if env is None else env
+    gpu: int | None = None
+    raw = env.get("LOCAL_RANK")
+    if raw not in (None, ""):
+        try:
+            gpu = int(raw)
+        except ValueError:
+            raise CoordinatesError(f"LOCAL_RANK={raw!r} is not an integer") from None
+        if gpu < 0:
+            raise CoordinatesError(f"LOCAL_RANK={raw!r} is negative")
+    if cuda is None:
+        try:
+            import torch
+
+            cuda = torch.cuda
+        except Exception:  # noqa: BLE001 - no torch (or a broken one): no GPU to name
+            return gpu, None
+    try:
+        if not (cuda.is_available() and cuda.is_initialized()):
+            return gpu, None
+        device = int(cuda.current_device())
+    except Exception:  # noqa: BLE001 - a driver error leaves the device unknown
+        return gpu, None
+    if gpu is None:
+        gpu = device
+    try:
+        uuid = str(cuda.get_device_properties(device).uuid)
+    except Exception:  # noqa: BLE001 - older torch has no uuid property
+        return gpu, None
+    if not uuid:
+        return gpu, None
+    return gpu, uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 def job_name(job: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -118,15 +213,24 @@ def detect(
     gpus_per_node: int | None = None,
     env: Mapping[str, str] | None = None,
     parallel_state: Any | None = None,
+    host: str | None = None,
+    cuda: Any = None,
 ) -> tuple[RankCoordinates, Topology]:
     """This process's coordinates and the job's topology (see the module docstring).
 
     ``gpus_per_node`` defaults to ``LOCAL_WORLD_SIZE`` (torchrun), else the
     topology's own, else the whole world on one node. ``parallel_state`` may
     be passed explicitly (default: Megatron-LM's when present).
+
+    The host is where this process runs (``host``, else ``RANKSCOPE_HOST``, else the
+    machine's host name), even when the topology names other hosts for the rank's node:
+    the analyzer follows the hosts the ranks report. ``cuda`` as for :func:`local_gpu`.
     """
     env = os.environ if env is None else env
     name = job_name(job, env)
+    machine = host_name(host, env)
+    gpu, gpu_uuid = local_gpu(env, cuda)
+    ident = {"host": machine, "gpu": gpu, "gpu_uuid": gpu_uuid}
     world, rank = world_and_rank(env)
     if world < 1 or not 0 <= rank < world:
         raise CoordinatesError(f"rank {rank} is outside a world of {world} ranks")
@@ -135,7 +239,7 @@ def detect(
     ps = parallel_state if parallel_state is not None else (None if topology else megatron_parallel_state())
     if topology is None and ps is not None:
         topology = topology_from_megatron(ps, world, gpus_per_node or min(world, 8))
-        coords = RankCoordinates.from_topology(topology, rank, name)
+        coords = RankCoordinates.from_topology(topology, rank, name, **ident)
         want = {"tp": ps.get_tensor_model_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank(),
                 "dp": ps.get_data_parallel_rank()}
         got = {"tp": coords.tp, "pp": coords.pp, "dp": coords.dp}
@@ -150,4 +254,4 @@ def detect(
         raise CoordinatesError(
             f"the topology describes {topology.world} ranks (tp={topology.tp}, pp={topology.pp}, "
             f"dp={topology.dp}) but the job has a world of {world}")
-    return RankCoordinates.from_topology(topology, rank, name), topology
+    return RankCoordinates.from_topology(topology, rank, name, **ident), topology

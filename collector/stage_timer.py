@@ -11,8 +11,17 @@ Two lines in a training script::
 
 A stage's time in an iteration is the union of its intervals (a stage entered
 once per layer adds up; nested or overlapping intervals are not counted twice).
+Every point carries the rank's tags, including its ``host`` and, where known, its
+``gpu`` (and the ``gpu_uuid`` field), from :class:`~collector.coordinates.RankCoordinates`.
 
-On CPU the marks are ``time.perf_counter()``. On GPU (``device="cuda"``) they
+Any order of calls is safe (see :class:`StageTimer`): ``stop()`` while paused
+does nothing, :meth:`StageTimer.pause` and :meth:`StageTimer.reset` discard the
+current iteration (a region opened before them is dropped when it closes), a
+region still open at :meth:`StageTimer.step` is split between the two iterations.
+
+On CPU the marks come from the ``clock`` parameter (default ``time.perf_counter``)
+and the points' timestamps from ``wall_clock_ms`` (default the system time), both
+injectable so that tests drive a fake clock. On GPU (``device="cuda"``) they
 are CUDA events recorded on the stream the work runs on (pass ``stream=`` for a
 collective on the communication stream); :meth:`StageTimer.step` only records
 one more event and queues the iteration, which is resolved at a later boundary
@@ -54,6 +63,11 @@ MEGATRON_ALIASES: dict[str, str] = {
 Sink = Callable[[dict[str, Any]], None]
 
 
+def wall_ms() -> int:
+    """The system time in epoch milliseconds (the default timestamp of the points)."""
+    return time.time_ns() // 1_000_000
+
+
 @dataclass
 class _Iteration:
     """Marks of one iteration waiting to be resolved (GPU) or resolved at once (CPU)."""
@@ -66,23 +80,44 @@ class _Iteration:
 
 
 class _Region:
-    """Reusable context manager for one stage (no allocation on the hot path)."""
+    """Reusable context manager for one stage (no allocation on the hot path).
 
-    __slots__ = ("_timer", "_index", "_stream", "_open")
+    ``_open`` holds the marks of entries not yet closed (nested entries stack);
+    ``_dropped`` counts entries whose interval is discarded when they close: made
+    while paused, or opened before a :meth:`StageTimer.pause` / :meth:`StageTimer.reset`.
+    """
+
+    __slots__ = ("_timer", "_index", "_stream", "_open", "_dropped")
 
     def __init__(self, timer: StageTimer, index: int, stream: Any = None):
         self._timer = timer
         self._index = index
         self._stream = stream
         self._open: list[Any] = []
+        self._dropped = 0
 
     def __enter__(self) -> _Region:
-        self._open.append(self._timer._mark(self._stream))
+        t = self._timer
+        if t.paused:
+            self._dropped += 1
+        else:
+            self._open.append(t._mark(self._stream))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        t = self._timer
-        t._intervals.append((self._index, self._open.pop(), t._mark(self._stream)))
+        if self._open:  # never while paused: pause() moves the open entries to _dropped
+            t = self._timer
+            t._intervals.append((self._index, self._open.pop(), t._mark(self._stream)))
+        elif self._dropped:
+            self._dropped -= 1
+
+    def _discard(self, pool: list[Any] | None) -> None:
+        """Forget the open entries: their intervals are dropped when they close."""
+        if self._open:
+            self._dropped += len(self._open)
+            if pool is not None:  # CUDA events go back to the pool (re-recorded on reuse)
+                pool.extend(self._open)
+            self._open.clear()
 
 
 class _NullRegion:
@@ -111,10 +146,24 @@ class StageTimer:
         typically :meth:`collector.writer.BackgroundWriter.put`.
     stages: the job's stage set (default :data:`~rankscope.schema.DEFAULT_STAGES`).
     aliases: extra framework name -> stage name mappings.
-    device: ``"cpu"`` (perf_counter) or ``"cuda"`` (CUDA events).
+    device: ``"cpu"`` (marks from ``clock``) or ``"cuda"`` (CUDA events).
     start_iteration: number of the first iteration (e.g. after a checkpoint).
     event_factory: on GPU, makes a timing event (default
         ``torch.cuda.Event(enable_timing=True)``).
+    clock: on CPU, the marks: a monotonic clock in seconds (default ``time.perf_counter``).
+    wall_clock_ms: the points' timestamps in epoch ms (default :func:`wall_ms`); the
+        timer keeps them strictly increasing (one point per ms per rank at most).
+
+    Calls may come in any order:
+
+    - ``stop(name)`` while paused does nothing; without a matching ``start`` while
+      timing it raises :class:`RuntimeError` (a Megatron timer's ``stop()`` never raises);
+    - :meth:`pause` and :meth:`reset` discard the current iteration: its intervals are
+      forgotten and a region open at that moment is dropped when it closes (its start
+      belongs to the discarded time); ``start`` while paused is dropped the same way;
+    - a region still open at :meth:`step` is split at the boundary: the part before
+      counts in the iteration that ends, the rest in the next one;
+    - :meth:`step` while paused only advances the iteration number.
     """
 
     def __init__(
@@ -126,6 +175,8 @@ class StageTimer:
         device: str = "cpu",
         start_iteration: int = 0,
         event_factory: Callable[[], Any] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        wall_clock_ms: Callable[[], int] = wall_ms,
     ):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -134,7 +185,9 @@ class StageTimer:
         self.stages = stages
         self.device = device
         self.iteration = start_iteration
-        self._tags = coords.tags()
+        self._clock = clock
+        self._wall_ms = wall_clock_ms
+        self._tags = {**coords.tags(), **coords.fields()}  # constant part of every point
         self._names = stages.names
         self._index: dict[str, int] = {n: i for i, n in enumerate(self._names)}
         for i, st in enumerate(stages):
@@ -152,9 +205,12 @@ class StageTimer:
         self._hooks: list[Any] = []
         self._tensor_hooks: list[Any] = []
         self._timed_modules: list[tuple[Any, str, bool]] = []
+        self._hook_regions: list[_Region] = []  # forward regions of the module hooks
         self.paused = False
+        self._epoch = 0  # advanced when an iteration is discarded: late completions are dropped
         self._last_time_ms = 0
         self.emitted = 0
+        self._event_pool: list[Any] | None = None
         if device == "cuda":
             if event_factory is None:
                 import torch
@@ -163,13 +219,13 @@ class StageTimer:
                     return torch.cuda.Event(enable_timing=True)
 
             self._new_event = event_factory
-            self._event_pool: list[Any] = []
+            self._event_pool = []
         self._begin = self._mark(None)
 
     # ---------------------------------------------------------------- marks
     def _mark(self, stream: Any) -> Any:
-        if self.device == "cpu":
-            return time.perf_counter()
+        if self._event_pool is None:
+            return self._clock()
         ev = self._event_pool.pop() if self._event_pool else self._new_event()
         ev.record(stream)
         return ev
@@ -201,25 +257,50 @@ class StageTimer:
             region = self._regions[key] = _Region(self, self.stage_index(name), stream)
         return region
 
+    def _region(self, name: str) -> _Region:
+        """The reusable region of a stage name on the default stream (created on first use)."""
+        region = self._regions.get((name, id(None)))
+        if region is None:
+            region = self._regions[(name, id(None))] = _Region(self, self.stage_index(name))
+        return region
+
     def record(self, name: str, start: Any, end: Any) -> None:
         """Add an interval measured elsewhere (marks from :meth:`mark`), e.g. in a
-        communication hook's completion callback."""
-        self._intervals.append((self.stage_index(name), start, end))
+        communication hook's completion callback. Ignored while paused."""
+        idx = self.stage_index(name)
+        if not self.paused:
+            self._intervals.append((idx, start, end))
 
     def mark(self, stream: Any = None) -> Any:
-        """A timestamp in this timer's clock (perf_counter seconds, or a recorded CUDA event)."""
+        """A timestamp in this timer's clock (``clock`` seconds, or a recorded CUDA event)."""
         return self._mark(stream)
 
     def start(self, name: str) -> None:
-        """Open a region by name (for frameworks with start/stop timers)."""
-        self.stage(name).__enter__()
+        """Open a region by name (for frameworks with start/stop timers). While paused the
+        start is remembered as dropped, so its :meth:`stop` after :meth:`resume` is a no-op."""
+        self._region(name).__enter__()
 
     def stop(self, name: str) -> None:
-        """Close the region opened by :meth:`start`."""
-        region = self.stage(name)
-        if not region._open:
+        """Close the region opened by :meth:`start`.
+
+        A no-op while paused, and for a start that :meth:`pause` / :meth:`reset` discarded.
+        Raises :class:`RuntimeError` when the stage was not started (a bug in the caller).
+        """
+        if not self._stop(name):
             raise RuntimeError(f"stage {name!r} stopped without being started")
+
+    def _stop(self, name: str) -> bool:
+        """Close ``name``'s region; False when nothing was open or dropped (while timing)."""
+        if self.paused:
+            region = self._regions.get((name, id(None)))
+            if region is not None:
+                region.__exit__(None, None, None)  # balances a dropped start, if any
+            return True
+        region = self._region(name)
+        if not region._open and not region._dropped:
+            return False
         region.__exit__(None, None, None)
+        return True
 
     # ------------------------------------------------------------ torch hooks
     def time_module(self, module: Any, name: str, backward: bool = True) -> None:
@@ -236,6 +317,7 @@ class StageTimer:
         self._timed_modules.append((module, name, backward))
         # Hooks must return None: a returned value would replace the module's inputs/outputs.
         fwd = _Region(self, idx)
+        self._hook_regions.append(fwd)
         timer = self
 
         def fwd_begin(module: Any, args: Any) -> None:
@@ -249,13 +331,14 @@ class StageTimer:
             if t_in is None or t_out is None:
                 return
             began: list[Any] = []
+            epoch = timer._epoch
 
             def bwd_begin(grad: Any) -> None:
                 began.append(timer._mark(None))
 
             def bwd_end(grad: Any) -> None:
                 if began:
-                    timer._intervals.append((idx, began[0], timer._mark(None)))
+                    timer._late_interval(idx, began[0], epoch)
 
             timer._tensor_hooks.append(t_out.register_hook(bwd_begin))
             timer._tensor_hooks.append(t_in.register_hook(bwd_end))
@@ -283,10 +366,10 @@ class StageTimer:
             group = process_group if process_group is not None else dist.group.WORLD
             tensor = bucket.buffer()
             tensor.div_(group.size())
-            t0 = timer._mark(None)
+            t0, epoch = timer._mark(None), timer._epoch
 
             def done(f):
-                timer._intervals.append((idx, t0, timer._mark(None)))
+                timer._late_interval(idx, t0, epoch)
                 return f.value()[0]
 
             return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(done)
@@ -297,17 +380,29 @@ class StageTimer:
         """A stand-in for Megatron-LM's ``Timers`` that also feeds this timer (see :class:`MegatronTimers`)."""
         return MegatronTimers(self, timers)
 
+    def _late_interval(self, idx: int, start: Any, epoch: int) -> None:
+        """An interval closed by a hook or a completion callback: dropped when the
+        iteration it began in was discarded (pause/reset) or the timer is paused."""
+        if self.paused or epoch != self._epoch:
+            return
+        self._intervals.append((idx, start, self._mark(None)))
+
     def remove_hooks(self) -> None:
+        """Remove the module hooks (the DDP communication hook stays: DDP allows one)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
         self._timed_modules.clear()
+        self._hook_regions.clear()
 
     def pause(self) -> None:
-        """Stop timing (module hooks removed, regions and ``step()`` do nothing, the DDP
-        hook passes through) until :meth:`resume`; e.g. during evaluation."""
+        """Stop timing until :meth:`resume`, e.g. during evaluation: module hooks removed,
+        regions, ``record()`` and ``stop()`` do nothing, ``step()`` only counts, the DDP hook
+        passes through. The current iteration is discarded (regions open now are dropped
+        when they close)."""
         if self.paused:
             return
+        self._discard()
         modules = list(self._timed_modules)
         self.remove_hooks()
         self._timed_modules = modules
@@ -330,11 +425,17 @@ class StageTimer:
             self.iteration = (self.iteration if iteration is None else iteration) + 1
             return
         end = self._mark(None)
+        for region in self._regions.values():
+            if region._open:
+                self._split(region, end)
+        for region in self._hook_regions:
+            if region._open:
+                self._split(region, end)
         if self._tensor_hooks:  # gradient hooks of this iteration (they would stay on leaf inputs)
             for h in self._tensor_hooks:
                 h.remove()
             self._tensor_hooks.clear()
-        now = int(time.time() * 1000)
+        now = int(self._wall_ms())
         now = max(now, self._last_time_ms + 1)  # one point per ms per rank at most
         self._last_time_ms = now
         it = _Iteration(self.iteration if iteration is None else iteration, now, self._begin, end,
@@ -348,12 +449,38 @@ class StageTimer:
             self._pending.append(it)
             self._drain(block=False)
 
-    def reset(self) -> None:
-        """Forget the current iteration's intervals and restart its clock (e.g. after
-        warm-up or an evaluation pause that should not count as an iteration)."""
+    def _split(self, region: _Region, end: Any) -> None:
+        """A region open at the iteration boundary: its part up to ``end`` counts in the
+        iteration that ends, the rest in the next (each CUDA event is used once)."""
+        for k, a in enumerate(region._open):
+            if self._event_pool is None:
+                close, reopen = end, end
+            else:
+                close, reopen = self._mark(region._stream), self._mark(region._stream)
+            self._intervals.append((region._index, a, close))
+            region._open[k] = reopen
+
+    def _discard(self) -> None:
+        """Forget the current iteration: its intervals, open regions (dropped when they
+        close), gradient hooks, and completions still in flight (by the epoch)."""
+        self._epoch += 1
         for region in self._regions.values():
-            region._open.clear()
+            region._discard(self._event_pool)
+        for region in self._hook_regions:
+            region._discard(self._event_pool)
+        for h in self._tensor_hooks:
+            h.remove()
+        self._tensor_hooks.clear()
+        if self._event_pool is not None:
+            for _, a, b in self._intervals:
+                self._event_pool.extend((a, b))
         self._intervals = []
+
+    def reset(self) -> None:
+        """Forget the current iteration and restart its clock (e.g. after warm-up or an
+        evaluation pause that should not count as an iteration). Regions open now are
+        dropped when they close."""
+        self._discard()
         self._begin = self._mark(None)
 
     def close(self) -> None:
@@ -441,7 +568,10 @@ class MegatronTimers:
 
     Names that map to a stage (aliases, :data:`MEGATRON_ALIASES`) are timed by the
     :class:`StageTimer`; every call is forwarded to the wrapped Megatron ``Timers``
-    (when given) so its own logging keeps working.
+    (when given) so its own logging keeps working. Megatron calls its timers during
+    evaluation too, so they follow the stage timer's state at each call: while it is
+    paused ``start()``/``stop()`` only reach Megatron's timers, and ``stop()`` never
+    raises on the stage timer's account (a stop without a start is Megatron's business).
     """
 
     def __init__(self, timer: StageTimer, timers: Any = None):
@@ -452,8 +582,8 @@ class MegatronTimers:
         inner = None
         if self._inner is not None:
             inner = self._inner(name, log_level) if log_level is not None else self._inner(name)
-        stage = self._timer.resolves(name)
-        return _MegatronTimer(None if stage is None else self._timer.stage(name), inner)
+        timed = self._timer.resolves(name) is not None
+        return _MegatronTimer(self._timer if timed else None, name, inner)
 
     def __getattr__(self, attr: str) -> Any:  # log(), write(), ... of the wrapped Timers
         if self._inner is None:
@@ -462,19 +592,22 @@ class MegatronTimers:
 
 
 class _MegatronTimer:
-    def __init__(self, region: _Region | None, inner: Any):
-        self._region = region
+    """One Megatron timer: ``start()``/``stop()`` feed the stage timer and the wrapped one."""
+
+    def __init__(self, timer: StageTimer | None, name: str, inner: Any):
+        self._timer = timer  # None: the name maps to no stage
+        self._name = name
         self._inner = inner
 
     def start(self, barrier: bool = False) -> None:
         if self._inner is not None:
             self._inner.start(barrier=barrier)
-        if self._region is not None:
-            self._region.__enter__()
+        if self._timer is not None:
+            self._timer.start(self._name)
 
     def stop(self, barrier: bool = False) -> None:
-        if self._region is not None and self._region._open:
-            self._region.__exit__(None, None, None)
+        if self._timer is not None:
+            self._timer._stop(self._name)  # False (nothing open) is ignored: never raises
         if self._inner is not None:
             self._inner.stop(barrier=barrier)
 

@@ -21,6 +21,13 @@ passes of real expert compute inside its ``mlp`` forward (a degraded device,
 not a sleep): its ``mlp`` stage grows, and the healthy ranks' all-reduce grows
 by the time they wait for it.
 
+Every point carries the rank's real machine identity: the ``host`` tag is this
+machine's host name (``RANKSCOPE_HOST`` overrides it), the same for all ranks since
+they all run here, so by default the topology puts them on one node of ``world``
+ranks, which is what the analyzer infers from the host tags too. There is no GPU:
+no ``gpu`` tag. ``gpus_per_node`` below ``world`` emulates smaller nodes in the
+``node`` tags only (the host tag stays the truth, and the analyzer follows it).
+
 ``rankscope torch-demo`` runs it from the command line (``make torch-demo``).
 """
 
@@ -35,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from collector.coordinates import host_name
 from rankscope.topology import Topology
 
 #: Stages the demo reports (all from the default stage set).
@@ -49,7 +57,7 @@ class DemoConfig:
     store: str | None = None
     bucket: str | None = None
     world: int = 8
-    gpus_per_node: int = 4
+    gpus_per_node: int | None = None  # None: all ranks on one node, this machine
     iterations: int = 40
     slow_rank: int | None = 5
     slow_from: int = 15
@@ -70,12 +78,22 @@ class DemoConfig:
             raise ValueError(f"world ({self.world}) and iterations ({self.iterations}) must be >= 1")
         if self.slow_rank is not None and not 0 <= self.slow_rank < self.world:
             raise ValueError(f"slow rank {self.slow_rank} is outside 0..{self.world - 1}")
-        if self.world % self.gpus_per_node and self.world > self.gpus_per_node:
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        if self.world % self.ranks_per_node:
             raise ValueError(f"world {self.world} is not a multiple of gpus_per_node {self.gpus_per_node}")
 
     @property
+    def ranks_per_node(self) -> int:
+        """Ranks per node of the topology (the whole world unless emulating smaller nodes)."""
+        return self.world if self.gpus_per_node is None else min(self.gpus_per_node, self.world)
+
+    @property
     def topology(self) -> Topology:
-        return Topology(dp=self.world, gpus_per_node=min(self.gpus_per_node, self.world))
+        """Pure DP over the world; when it is one node, that node is this machine by name."""
+        one_node = self.ranks_per_node == self.world
+        return Topology(dp=self.world, gpus_per_node=self.ranks_per_node,
+                        hosts=(host_name(),) if one_node else None)
 
 
 @dataclass
@@ -177,6 +195,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
             from collector.stage_timer import StageTimer
             from collector.writer import open_writer
 
+            # the host tag: this machine's name (RANKSCOPE_HOST overrides it), all ranks alike
             coords, _ = detect(cfg.topology, job=cfg.job)
             for turn in range(cfg.world):
                 # one rank after the other: an embedded store's first open switches the
@@ -296,7 +315,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_store_options(p)
     p.add_argument("--job", default="torch-demo", help="job name (tag 'job'; default torch-demo)")
     p.add_argument("--world", type=int, default=8, help="number of processes (default 8)")
-    p.add_argument("--gpus-per-node", type=int, default=4, help="ranks per emulated node (default 4)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="ranks per node (default: all, on one node: this machine; fewer emulates "
+                        "smaller nodes in the node tags, while the host tag stays this machine's)")
     p.add_argument("--iterations", type=int, default=40, help="training iterations (default 40)")
     p.add_argument("--slow-rank", type=int, default=5, help="rank made slow; -1 for none (default 5)")
     p.add_argument("--slow-from", type=int, default=15, help="first slow iteration (default 15)")

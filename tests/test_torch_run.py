@@ -3,11 +3,12 @@
 Rank 5 does real extra expert compute in its ``mlp`` forward from iteration 15 on.
 The stored points must show it (its ``mlp`` high, the healthy ranks' DDP all-reduce
 long: they wait for it), and the analyzer, run on what was stored, must name rank 5
-as a compute straggler.
+as a compute straggler, on this machine (every point carries its host name).
 """
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 import pytest
@@ -49,7 +50,11 @@ def test_every_rank_wrote_one_point_per_iteration(demo_run):
     assert (df.groupby("rank")["iteration"].apply(sorted) == [list(range(ITERATIONS))] * WORLD).all()
     assert set(DEMO_STAGES) <= set(df.columns)
     assert df[list(DEMO_STAGES)].notna().all().all()
-    assert sorted(set(df["node"])) == [0, 1] and sorted(set(df["dp"])) == list(range(WORLD))
+    assert sorted(set(df["dp"])) == list(range(WORLD))
+    # every rank names the machine it ran on: all of them this one, one node of WORLD ranks
+    assert (df.groupby("rank")["host"].agg(set) == [{socket.gethostname()}] * WORLD).all()
+    assert set(df["node"]) == {0}
+    assert "gpu" not in df.columns or df["gpu"].isna().all()  # CPU: no GPU to name
     # stages are parts of the iteration (their sum can exceed it only by DDP's overlap
     # of the all-reduce with the backward of the earlier layers)
     assert (df["mlp"] < df["iteration_ms"]).all()
@@ -79,14 +84,15 @@ def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
     from analyzer.cycle import run_once
 
     cfg, _, store = demo_run
-    incidents = run_once(store, job=cfg.job, topology=cfg.topology)
+    # no topology given: the analyzer infers it, and the placement from the host tags
+    incidents = run_once(store, job=cfg.job)
     stragglers = [i for i in incidents if i["class"] == "compute_straggler"]
     named = [i for i in stragglers if i["ranks"] == [SLOW_RANK] and i["stage"] == "mlp"]
     assert named, f"no compute_straggler naming rank {SLOW_RANK} in mlp among " \
                   f"{[(i['class'], i['ranks'], i['stage'], i['onset_iteration']) for i in incidents]}"
     first = min(named, key=lambda i: i["onset_iteration"])
     assert first["job"] == cfg.job
-    assert first["nodes"] == [SLOW_RANK // cfg.gpus_per_node]
+    assert first["nodes"] == [0] and first["hosts"] == [socket.gethostname()]  # what to drain
     assert SLOW_FROM <= first["onset_iteration"] < ITERATIONS  # not before the fault began
     # rank 5 is THE straggler: a healthy rank the OS scheduler preempts for a few
     # iterations (8 processes on 2 cores) may be flagged in a ~1 ms stage, but the time
@@ -117,5 +123,6 @@ def test_torch_demo_command(tmp_path, capsys):
     with EmbeddedStore(db) as store:
         df = store.read_stage_latency("cli-demo")
     assert len(df) == 8 and set(DEMO_STAGES) <= set(df.columns)
+    assert set(df["host"]) == {socket.gethostname()}
     assert cli_main(["torch-demo", "--store", str(db), "--world", "2", "--slow-rank", "7"]) == 1
     assert "slow rank 7 is outside 0..1" in capsys.readouterr().err
