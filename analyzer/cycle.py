@@ -230,9 +230,11 @@ def _topology_of(frame: pd.DataFrame) -> Topology:
 
 
 def _stages_of(columns) -> StageSet:
-    """The default stages present in the data (unknown columns are ignored with a warning)."""
+    """The known stages present in the data: the default set's and the model-agnostic trace
+    set's (``schema.TRACE_STAGES``, what ``import-trace`` writes); unknown columns are ignored
+    with a warning."""
     cols = set(schema.stage_fields(columns))
-    known = [s for s in DEFAULT_STAGES if s.name in cols]
+    known = [s for s in (*DEFAULT_STAGES, *schema.TRACE_STAGES) if s.name in cols]
     unknown = cols - {s.name for s in known}
     if unknown:
         log.warning("ignoring stage field(s) the analyzer has no declaration for: %s "

@@ -7,8 +7,14 @@ import sys
 import tomllib
 from pathlib import Path
 
-from collector.kineto import DEFAULT_PATTERNS, StagePatterns, TraceError, import_traces
-from rankscope.schema import DEFAULT_STAGES, StageSet
+from collector.kineto import (
+    DEFAULT_PATTERNS,
+    StagePatterns,
+    TraceError,
+    import_traces,
+    read_host_map,
+)
+from rankscope.schema import DEFAULT_STAGES, TRACE_STAGES, StageSet
 from rankscope.topology import Topology
 
 
@@ -25,8 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "name patterns, and write one stage_latency point per rank per iteration.\n\n"
                     "A stage's time is the union of its matching events, of the backward operators "
                     "of forward operators run inside them, and (GPU) of the kernels they launched. "
+                    "Every kernel no named stage claims counts for a model-agnostic stage ("
+                    + ", ".join(TRACE_STAGES.names) + "): communication (NCCL) kernels, computation "
+                    "kernels, memory copies/sets, and the time the GPU runs nothing.\n\n"
                     "The rank comes from the trace's distributedInfo, else 'rankN' in the file name, "
-                    "else --rank.\n\nDefault patterns (regular expressions): " + defaults)
+                    "else --rank; the host from --host-map, else the trace's host_name, else a "
+                    "tensorboard_trace_handler file name (host_pid.time.pt.trace.json); the GPU from "
+                    "the kernels' device.\n\nDefault patterns (regular expressions): " + defaults)
     add_store_options(p)
     p.add_argument("files", nargs="+", metavar="FILE", help="trace files, one per rank")
     p.add_argument("--job", required=True, help="job name the points are tagged with")
@@ -37,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pattern", action="append", default=[], metavar="STAGE=REGEX",
                    help="replace a stage's patterns (repeatable; several for one stage add up)")
     p.add_argument("--rank", type=int, default=None, help="rank of a single trace without rank information")
+    p.add_argument("--host-map", type=Path, default=None, metavar="FILE",
+                   help="rank -> host name for traces that record no host (wins over the trace's own): "
+                        "TOML ('0-7 = \"gpu-node-017\"', optionally in a [hosts] table) or JSON "
+                        "('{\"0-7\": \"gpu-node-017\"}', by the .json suffix)")
     p.add_argument("--iteration-offset", type=int, default=0,
                    help="added to the ProfilerStep number to give the training iteration")
     for dim in ("tp", "pp", "dp", "ep"):
@@ -86,11 +101,13 @@ def run(args: argparse.Namespace) -> int:
 
     patterns = _patterns(args)
     topology = _topology(args)
+    hosts = read_host_map(args.host_map) if args.host_map is not None else None
     with open_store(args.store, args.bucket) as store:
         report = import_traces(args.files, store, args.job, topology, patterns,
                                iteration_offset=args.iteration_offset, rank=args.rank,
-                               progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+                               progress=lambda msg: print(msg, file=sys.stderr, flush=True), hosts=hosts)
+    shown = ", ".join(report.hosts[:4]) + (f" (+{len(report.hosts) - 4})" if len(report.hosts) > 4 else "")
     print(f"imported {report.points} point(s): {report.files} trace(s), ranks "
           f"{','.join(map(str, report.ranks))}, {report.iterations} iteration(s), "
-          f"stages {', '.join(report.stages)}")
+          f"stages {', '.join(report.stages)}; hosts {shown or 'unknown'}")
     return 0

@@ -158,6 +158,34 @@ DEFAULT_STAGES = StageSet((
     Stage("dataloader", "host", description="host-side batch loading"),
 ))
 
+#: The model-agnostic stages every GPU profiler trace yields, whatever its module names
+#: (written by ``rankscope import-trace``): each kernel no named stage claims is classed as
+#: communication (its name says NCCL), memory (a copy or a set) or computation, as
+#: HolisticTraceAnalysis' temporal breakdown classes kernels, plus the time the GPU runs
+#: nothing. So a straggler is found even in a trace whose modules no pattern names.
+#:
+#: - ``compute_other`` (compute): a slow value is the rank's own device being slow.
+#: - ``comm_other`` (comm, group ``dp``): a kernel name does not say which group a collective
+#:   ran in. ``dp`` because the collectives of an unannotated trace are mostly the data-parallel
+#:   gradient sync (DDP all-reduce, FSDP reduce-scatter / all-gather), because the members of a
+#:   DP group are replicas that run the same collectives (so their times compare, whatever the
+#:   group really was), and because in ``import-trace``'s default pure-DP topology the DP group
+#:   is the whole job.
+#: - ``memcpy`` (compute): host<->device and device copies and memsets; a slow one is the rank's
+#:   own PCIe / memory path, not a wait for its peers.
+#: - ``host_idle`` (host): the time in the iteration when the GPU runs nothing (HTA's idle
+#:   time): the device waits for its host (data loading, Python, launch overhead, CPU-side
+#:   synchronisation); a collective's wait for a peer is kernel time, not idle time.
+TRACE_STAGES = StageSet((
+    Stage("compute_other", "compute", description="GPU time of computation kernels no named stage claims"),
+    Stage("comm_other", "comm", "dp", "GPU time of communication kernels no named stage claims"),
+    Stage("memcpy", "compute", description="GPU time of memory copies and memsets"),
+    Stage("host_idle", "host", description="time in the iteration when the GPU runs nothing"),
+))
+
+#: Every stage known without a ``[stages]`` declaration: the default set, then the trace set.
+KNOWN_STAGES = StageSet(DEFAULT_STAGES.stages + TRACE_STAGES.stages)
+
 
 
 @dataclass(frozen=True)

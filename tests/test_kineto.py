@@ -1,4 +1,5 @@
-"""The Kineto trace importer, on traces torch.profiler records here from a real gloo DDP run."""
+"""The Kineto trace importer: on traces torch.profiler records here from a real gloo DDP run, and on
+GPU traces generated in the shape Kineto writes them (kernels only, several ranks, one slowed)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,17 @@ import gzip
 import json
 import statistics
 
+import numpy as np
 import pytest
 
-from collector.kineto import StagePatterns, TraceError, load_trace, summarise_trace
+from collector.kineto import (
+    StagePatterns,
+    TraceError,
+    grouped_union_length,
+    load_trace,
+    summarise_trace,
+)
+from collector.stage_timer import union_length
 from evaluation.torch_demo import DemoConfig, run_demo
 from rankscope.cli import main as cli_main
 
@@ -123,7 +132,8 @@ def test_gpu_kernels_are_attributed_by_launch_and_measured_on_the_device(tmp_pat
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": ev, "baseTimeNanoseconds": 10**18}).encode()))
     s = summarise_trace(load_trace(path), StagePatterns.default(), path)
     assert s.rank == 3 and s.iterations == [3]
-    assert s.stage_ms[0] == {"mlp": 0.3, "reduce_scatter": 0.05}  # device time, not the 20 us on host
+    # device time, not the 20 us on host; the GPU ran only 60-100 of the 0-100 window: idle 60 us
+    assert s.stage_ms[0] == pytest.approx({"mlp": 0.3, "reduce_scatter": 0.05, "host_idle": 0.06})
 
 
 def test_unusable_traces_are_refused_with_a_reason(tmp_path):
@@ -139,3 +149,329 @@ def test_unusable_traces_are_refused_with_a_reason(tmp_path):
     norank.write_text(json.dumps({"traceEvents": []}))
     with pytest.raises(TraceError, match="no rank"):
         summarise_trace(load_trace(norank), StagePatterns.default(), norank)
+
+
+# ------------------------------------------------------------------ GPU traces in Kineto's shape
+# Kernels only: no module annotations, no collective annotations; what a user gets from
+# torch.profiler on a model whose modules no pattern names.
+WORLD, GPUS = 8, 4
+HOSTS = ("trn-h100-017", "trn-h100-018")
+GPU_SLOW_RANK, GPU_SLOW_FROM, GPU_ITERATIONS, GPU_SLOW_FACTOR = 5, 16, 30, 3.0
+BASE_NS = 1_790_000_000_000_000_000
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+LAYERNORM = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
+             "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, "
+             "c10::BFloat16*)")
+GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+        "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
+        "{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl("
+        "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::"
+        "operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2>)")
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+COMPUTE_STREAM, COMM_STREAM = 7, 20
+
+
+def _kernel_args(kind: str, gpu: int, stream: int, corr: int) -> dict:
+    """The ``args`` Kineto writes on a device event."""
+    args = {"External id": corr, "device": gpu, "context": 1, "stream": stream, "correlation": corr}
+    if kind == "kernel":
+        args.update({"queued": 0, "registers per thread": 128, "shared memory": 49152, "blocks per SM": 1.0,
+                     "warps per SM": 8.0, "grid": [132, 1, 1], "block": [384, 1, 1],
+                     "est. achieved occupancy %": 12})
+    else:
+        args.update({"bytes": 4194304, "memory bandwidth (GB/s)": 20.0})
+    return args
+
+
+def gpu_traces(folder, *, world=WORLD, iterations=GPU_ITERATIONS, slow_rank=GPU_SLOW_RANK,
+               slow_from=GPU_SLOW_FROM, host_in_trace=True, handler_names=False, seed=7):
+    """One Kineto-shaped trace per rank of a synchronous data-parallel job on H100s.
+
+    Per iteration: the host prepares the batch (the GPU idles), then launches a copy, a memset,
+    12 compute kernels on stream 7, a gradient all-reduce and an unannotated send/recv on stream
+    20, and waits (``cudaStreamSynchronize``) until the GPU is done. The all-reduce of every rank
+    ends when the last rank arrives: ``slow_rank``'s compute kernels run ``GPU_SLOW_FACTOR`` times
+    longer from ``slow_from`` on, so the others wait. Returns the paths and the truth: every
+    rank's compute time (ms) per iteration.
+    """
+    rng = np.random.default_rng(seed)
+    events: list[list[dict]] = [[] for _ in range(world)]
+    compute_ms = np.zeros((world, iterations))
+    pid = [41000 + r for r in range(world)]
+    for r in range(world):
+        gpu = r % GPUS
+        events[r] += [
+            {"ph": "M", "name": "process_name", "pid": pid[r], "tid": 0, "args": {"name": "python3"}},
+            {"ph": "M", "name": "process_labels", "pid": pid[r], "tid": 0, "args": {"labels": "CPU"}},
+            {"ph": "M", "name": "process_name", "pid": gpu, "tid": 0, "args": {"name": "python3"}},
+            {"ph": "M", "name": "process_labels", "pid": gpu, "tid": 0, "args": {"labels": f"GPU {gpu}"}},
+            {"ph": "M", "name": "thread_name", "pid": pid[r], "tid": pid[r],
+             "args": {"name": f"thread {pid[r]} (python3)"}},
+            *({"ph": "M", "name": "thread_name", "pid": gpu, "tid": s, "args": {"name": f"stream {s} "}}
+              for s in (COMPUTE_STREAM, COMM_STREAM)),
+        ]
+    corr = 100_000
+    t = 1000.0
+    for k in range(iterations):
+        prep = 3000.0 * (1 + 0.02 * rng.standard_normal())
+        plan = []   # per rank: [(cat, name, stream, launch_ts, start, dur)]
+        compute_end = np.zeros(world)
+        for r in range(world):
+            slow = GPU_SLOW_FACTOR if (r == slow_rank and k >= slow_from) else 1.0
+            launch = t + prep
+            gpu_free = launch + 8.0
+            items = [("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 400.0),
+                     ("gpu_memset", "Memset (Device)", 5.0)]
+            items += [("kernel", name, dur) for _ in range(4)
+                      for name, dur in ((GEMM, 3000.0), (LAYERNORM, 300.0), (GELU, 400.0))]
+            rows = []
+            busy = 0.0
+            for cat, name, dur in items:
+                d = dur * (1 + 0.02 * rng.standard_normal()) * (slow if cat == "kernel" else 1.0)
+                start = max(gpu_free, launch + 5.0)
+                rows.append((cat, name, COMPUTE_STREAM, launch, start, d))
+                gpu_free = start + d
+                launch += 12.0
+                if cat == "kernel":
+                    busy += d
+            compute_ms[r, k] = busy / 1000.0
+            compute_end[r] = gpu_free
+            plan.append((rows, launch))
+        reduced = compute_end.max() + 4000.0 * (1 + 0.02 * rng.standard_normal())
+        ends = np.zeros(world)
+        for r in range(world):
+            rows, launch = plan[r]
+            rows.append(("kernel", ALLREDUCE, COMM_STREAM, launch, compute_end[r], reduced - compute_end[r]))
+            p2p = 1500.0 * (1 + 0.02 * rng.standard_normal())
+            rows.append(("kernel", SENDRECV, COMM_STREAM, launch + 12.0, reduced, p2p))
+            copy = 50.0 * (1 + 0.02 * rng.standard_normal())
+            rows.append(("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", COMPUTE_STREAM, launch + 24.0,
+                         reduced + p2p, copy))
+            gpu_done = reduced + p2p + copy
+            ends[r] = gpu_done + 200.0
+            gpu = r % GPUS
+            ev = events[r]
+            ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": pid[r],
+                       "tid": pid[r], "ts": t, "dur": ends[r] - t, "args": {"External id": corr}})
+            ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{k}", "pid": gpu,
+                       "tid": COMPUTE_STREAM, "ts": rows[0][4], "dur": gpu_done - rows[0][4],
+                       "args": {"External id": corr}})
+            corr += 1
+            for cat, name, stream, launch_ts, start, dur in rows:
+                api = {"kernel": "cudaLaunchKernel", "gpu_memcpy": "cudaMemcpyAsync",
+                       "gpu_memset": "cudaMemsetAsync"}[cat]
+                ev.append({"ph": "X", "cat": "cuda_runtime", "name": api, "pid": pid[r], "tid": pid[r],
+                           "ts": launch_ts, "dur": 4.0, "args": {"External id": corr, "cbid": 211, "correlation": corr}})
+                ev.append({"ph": "X", "cat": cat, "name": name, "pid": gpu, "tid": stream, "ts": start, "dur": dur,
+                           "args": _kernel_args(cat, gpu, stream, corr)})
+                ev.append({"ph": "s", "id": corr, "pid": pid[r], "tid": pid[r], "ts": launch_ts, "cat": "ac2g",
+                           "name": "ac2g"})
+                ev.append({"ph": "f", "id": corr, "pid": gpu, "tid": stream, "ts": start, "cat": "ac2g",
+                           "name": "ac2g", "bp": "e"})
+                corr += 1
+            last_launch = rows[-1][3] + 4.0
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": pid[r],
+                       "tid": pid[r], "ts": last_launch, "dur": gpu_done - last_launch,
+                       "args": {"External id": corr, "cbid": 131, "correlation": corr}})
+            corr += 1
+        t = ends.max() + 100.0
+    paths = []
+    for r in range(world):
+        host, gpu = HOSTS[r // GPUS], r % GPUS
+        doc = {"schemaVersion": 1,
+               "deviceProperties": [{"id": i, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85045870592,
+                                     "computeMajor": 9, "computeMinor": 0, "maxThreadsPerBlock": 1024,
+                                     "warpSize": 32, "numSms": 132} for i in range(GPUS)],
+               "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world, "pg_count": 1,
+                                   "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
+                                                  "backend_config": "cuda:nccl", "pg_size": world,
+                                                  "ranks": list(range(world))}],
+                                   "nccl_version": "2.21.5"},
+               "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS, "traceEvents": events[r]}
+        if host_in_trace:
+            doc["host_name"] = host
+        name = (f"{host}_{pid[r]}.{BASE_NS + r}.pt.trace.json.gz" if handler_names
+                else f"rank{r}.{BASE_NS + r}.pt.trace.json.gz")
+        path = folder / name
+        doc["traceName"] = str(path)
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+        paths.append(path)
+    return paths, compute_ms
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory):
+    return gpu_traces(tmp_path_factory.mktemp("gpu_traces"))
+
+
+def test_kernel_only_traces_yield_compute_and_comm_stages_with_host_and_gpu(gpu_run):
+    paths, compute_ms = gpu_run
+    for r, p in enumerate(paths):
+        s = summarise_trace(load_trace(p), StagePatterns.default(), p)
+        assert (s.rank, s.world, s.host, s.gpu) == (r, WORLD, HOSTS[r // GPUS], r % GPUS)
+        # the GPU copies of ProfilerStep annotations are not iterations of their own
+        assert s.iterations == list(range(GPU_ITERATIONS))
+        for k, st in enumerate(s.stage_ms):
+            assert set(st) == {"compute_other", "memcpy", "reduce_scatter", "comm_other", "host_idle"}
+            # one compute stream: the union is the sum of the kernels generated
+            assert st["compute_other"] == pytest.approx(compute_ms[r, k], abs=1e-6)
+            assert st["memcpy"] == pytest.approx(0.455, rel=0.1)           # 400 + 5 + 50 us
+            assert st["comm_other"] == pytest.approx(1.5, rel=0.1)          # the send/recv
+            assert st["host_idle"] == pytest.approx(3.2, rel=0.1)          # batch preparation + tail
+            busy = st["compute_other"] + st["memcpy"] + st["reduce_scatter"] + st["comm_other"]
+            assert busy + st["host_idle"] == pytest.approx(s.iteration_ms[k], rel=0.01)
+
+
+def test_kernel_only_traces_show_the_slow_rank_and_its_waiting_peers(gpu_run):
+    paths, _ = gpu_run
+    s = [summarise_trace(load_trace(p), StagePatterns.default(), p) for p in paths]
+
+    def med(r, stage, slow):
+        return statistics.median(v[stage] for it, v in zip(s[r].iterations, s[r].stage_ms, strict=True)
+                                 if (it >= GPU_SLOW_FROM) == slow)
+
+    healthy = [r for r in range(WORLD) if r != GPU_SLOW_RANK]
+    assert med(GPU_SLOW_RANK, "compute_other", True) > 2.5 * max(med(r, "compute_other", True) for r in healthy)
+    assert med(GPU_SLOW_RANK, "compute_other", True) > 2.5 * med(GPU_SLOW_RANK, "compute_other", False)
+    # the others wait for it inside the all-reduce kernel; it does not
+    assert min(med(r, "reduce_scatter", True) for r in healthy) > 5 * med(GPU_SLOW_RANK, "reduce_scatter", True)
+
+
+def test_a_slowed_rank_in_kernel_only_traces_is_named_with_its_host(gpu_run, influx_store, capsys):
+    from analyzer.cycle import run_once
+
+    paths, _ = gpu_run
+    rc = cli_main(["import-trace", *map(str, paths), "--job", "kernels", "--store", influx_store.url,
+                   "--bucket", influx_store.bucket])
+    assert rc == 0
+    out = capsys.readouterr()
+    assert f"imported {WORLD * GPU_ITERATIONS} point(s)" in out.out
+    assert f"hosts {HOSTS[0]}, {HOSTS[1]}" in out.out and "host trn-h100-018, gpu 1" in out.err
+    df = influx_store.read_stage_latency("kernels")
+    tags = df.groupby("rank")[["host", "gpu", "node"]].first()
+    assert tags["host"].tolist() == [HOSTS[r // GPUS] for r in range(WORLD)]
+    assert tags["gpu"].tolist() == [r % GPUS for r in range(WORLD)]
+    assert tags["node"].tolist() == [r // GPUS for r in range(WORLD)]
+    incidents = run_once(influx_store, job="kernels")
+    named = [i for i in incidents if i["class"] == "compute_straggler"]
+    assert named, [(i["class"], i["ranks"], i["stage"]) for i in incidents]
+    first = named[0]
+    assert first["ranks"] == [GPU_SLOW_RANK] and first["hosts"] == [HOSTS[1]]
+    assert first["stage"] == "compute_other"
+    assert GPU_SLOW_FROM <= first["onset_iteration"] < GPU_ITERATIONS
+    # nothing else is blamed: the waiting peers' all-reduce is a symptom, not an incident
+    assert all(i["ranks"] == [GPU_SLOW_RANK] for i in incidents)
+
+
+@pytest.mark.parametrize("name, stage", [
+    # kernels of NCCL >= 2.19, 2.8-2.18 and older
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reduce_scatter"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_SIMPLE(ncclDevKernelArgsStorage<4096ul>)", "reduce_scatter"),
+    ("ncclDevKernel_Reduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reduce_scatter"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "all_gather"),
+    ("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "all_gather"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "reduce_scatter"),
+    ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "all_gather"),
+    ("ncclAllReduceRingLLKernel_sum_f32(ncclColl)", "reduce_scatter"),
+    ("ncclAllGatherRingLLKernel_copy_i8(ncclColl)", "all_gather"),
+    # a SendRecv kernel is an all-to-all or a p2p transfer: its launch or collective decides
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", None),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", None),
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", None),
+    # PyTorch's annotations and c10d operators
+    ("nccl:all_to_all", "dispatch"), ("c10d::alltoall_base_", "dispatch"), ("c10d::alltoall_", "dispatch"),
+    ("nccl:all_reduce", "reduce_scatter"), ("c10d::allreduce_", "reduce_scatter"),
+    ("nccl:_reduce_scatter_base", "reduce_scatter"), ("nccl:reduce_scatter_tensor_coalesced", "reduce_scatter"),
+    ("c10d::_reduce_scatter_base_", "reduce_scatter"), ("gloo:all_reduce", "reduce_scatter"),
+    ("nccl:_all_gather_base", "all_gather"), ("nccl:all_gather_into_tensor_coalesced", "all_gather"),
+    ("c10d::_allgather_base_", "all_gather"), ("nccl:broadcast", "all_gather"), ("c10d::broadcast_", "all_gather"),
+    ("nccl:send 0->1", "pp_send"), ("c10d::send", "pp_send"), ("nccl:recv 1<-0", "pp_recv"),
+    ("c10d::recv_", "pp_recv"), ("rankscope:combine", "combine"),
+    ("record_param_comms", None), ("nccl:barrier", None), ("aten::mm", None),
+])
+def test_nccl_names_map_to_their_stages(name, stage):
+    assert StagePatterns.default().stage_of(name) == stage
+
+
+def test_send_recv_kernels_follow_their_launch_or_collective_and_never_count_as_compute(tmp_path):
+    """One step; four SendRecv kernels: launched inside an all-to-all, inside a send, carrying
+    the collective 'recv', and launched inside an MLP module (communication, not the MLP's)."""
+    sendrecv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 9, "tid": 9, "ts": 0, "dur": 1000}]
+    hosts = [("nccl:all_to_all", 10), ("nccl:send 0->1", 200), (None, 400), ("nn.Module: ParallelMLP_0", 600)]
+    for j, (annotation, at) in enumerate(hosts):
+        if annotation:
+            ev.append({"ph": "X", "cat": "user_annotation", "name": annotation, "pid": 9, "tid": 9, "ts": at,
+                       "dur": 50})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": 9, "ts": at + 10,
+                   "dur": 5, "args": {"correlation": j}})
+        args = {"correlation": j, "device": 2, "stream": 20}
+        if annotation is None:
+            args["Collective name"] = "recv"
+        ev.append({"ph": "X", "cat": "kernel", "name": sendrecv, "pid": 2, "tid": 20, "ts": at + 20,
+                   "dur": 10 * (j + 1), "args": args})
+    # the MLP module's own compute kernel counts for it
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": 9, "ts": 615,
+               "dur": 5, "args": {"correlation": 9}})
+    ev.append({"ph": "X", "cat": "kernel", "name": GEMM, "pid": 2, "tid": 7, "ts": 700, "dur": 70,
+               "args": {"correlation": 9, "device": 2, "stream": 7}})
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    s = summarise_trace(load_trace(path), StagePatterns.default(), path)
+    assert s.gpu == 2 and s.host is None
+    got = s.stage_ms[0]
+    assert got.pop("host_idle") == pytest.approx((1000 - 10 - 20 - 30 - 40 - 70) / 1000)
+    assert got == pytest.approx({"dispatch": 0.01, "pp_send": 0.02, "pp_recv": 0.03, "comm_other": 0.04,
+                                 "mlp": 0.07})
+
+
+def test_host_from_the_handler_file_name_and_a_host_map_that_wins(tmp_path, influx_store, capsys):
+    named_dir, bare_dir = tmp_path / "named", tmp_path / "bare"
+    named_dir.mkdir()
+    bare_dir.mkdir()
+    # tensorboard_trace_handler's default names (<host>_<pid>.<time>.pt.trace.json.gz), no host_name
+    named, _ = gpu_traces(named_dir, world=4, iterations=3, slow_rank=-1, host_in_trace=False,
+                          handler_names=True)
+    assert [summarise_trace(load_trace(p), StagePatterns.default(), p).host for p in named] == \
+        [HOSTS[0]] * 4
+    # traces with Kineto's host_name, and a map (JSON) that overrides two ranks of them
+    bare, _ = gpu_traces(bare_dir, world=4, iterations=3, slow_rank=-1)
+    hmap = tmp_path / "hosts.json"
+    hmap.write_text(json.dumps({"0-1": "node-a", "2,3": "node-b"}))
+    assert cli_main(["import-trace", *map(str, bare), "--job", "mapped", "--store", influx_store.url,
+                     "--bucket", influx_store.bucket, "--host-map", str(hmap)]) == 0
+    assert "hosts node-a, node-b" in capsys.readouterr().out
+    df = influx_store.read_stage_latency("mapped")
+    tags = df.groupby("rank")[["host", "node", "gpu"]].first()
+    assert tags["host"].tolist() == ["node-a", "node-a", "node-b", "node-b"]
+    assert tags["node"].tolist() == [0, 0, 1, 1]      # node tags follow the hosts: 2 ranks each
+    assert tags["gpu"].tolist() == [0, 1, 2, 3]       # the GPU still comes from the trace
+    # TOML, a [hosts] table, partial: rank 3 keeps the host its trace records
+    toml = tmp_path / "hosts.toml"
+    toml.write_text('[hosts]\n0-2 = "node-c"\n')
+    assert cli_main(["import-trace", *map(str, bare), "--job", "partial", "--store", influx_store.url,
+                     "--bucket", influx_store.bucket, "--host-map", str(toml)]) == 0
+    err = capsys.readouterr().err
+    assert "do not hold" in err   # 3 + 1 ranks per host: node tags stay the block placement
+    df = influx_store.read_stage_latency("partial")
+    assert df.groupby("rank")["host"].first().tolist() == ["node-c"] * 3 + [HOSTS[0]]
+    # a rank mapped to two hosts is refused with the reason
+    bad = tmp_path / "bad.toml"
+    bad.write_text('0-1 = "x"\n1 = "y"\n')
+    assert cli_main(["import-trace", *map(str, bare), "--job", "bad", "--store", influx_store.url,
+                     "--host-map", str(bad)]) == 1
+    assert "rank 1 is mapped to 'x' and 'y'" in capsys.readouterr().err
+
+
+def test_grouped_union_matches_a_plain_union_per_group():
+    rng = np.random.default_rng(3)
+    n, groups = 2000, 37
+    g = rng.integers(0, groups, n)
+    a = rng.uniform(0, 1e4, n) + 1.7e15          # epoch microseconds, as in real traces
+    b = a + rng.exponential(50, n)
+    got = grouped_union_length(g, a, b, groups + 2)
+    want = [union_length([(x, y) for x, y, gg in zip(a, b, g, strict=True) if gg == k]) if (g == k).any() else 0.0
+            for k in range(groups + 2)]
+    assert got == pytest.approx(want, abs=1e-3)
+    assert got[-2:].tolist() == [0.0, 0.0]
