@@ -1,9 +1,23 @@
-"""Analyzer: cycle cost at 12,960 and 100,000 ranks (database read measured apart)."""
+"""Analyzer: cycle cost at 12,960 and 100,000 ranks (database read measured apart), and the
+steady-state cycle before and after a given revision, measured side by side.
+
+``RANKSCOPE_BENCH_BASELINE`` names the revision to compare with (default the last commit
+before the package redesign); it is checked out in a temporary git worktree and both
+trees run the same measuring script in turn (ABAB), each in its own interpreter.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from analyzer.engine import JobAnalyzer
 from rankscope.frames import frame_to_cube
@@ -11,6 +25,37 @@ from rankscope.schema import DEFAULT_STAGES
 from rankscope.store import InfluxStore
 from simulator.cluster import ClusterSimulator
 from simulator.scenario import Scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The revision the steady-state cycle is compared with (the last before the package redesign).
+BASELINE = os.environ.get("RANKSCOPE_BENCH_BASELINE", "912400b")
+#: Measures the IL-0477 steady-state cycle in whichever tree it runs in (old or new layout).
+_MEASURE = """
+import json, sys, time
+try:
+    from collector.simulator import ClusterSimulator
+    from collector.scenario import Scenario
+except ImportError:
+    from simulator.cluster import ClusterSimulator
+    from simulator.scenario import Scenario
+from analyzer.engine import JobAnalyzer
+from rankscope.frames import frame_to_cube
+from rankscope.schema import DEFAULT_STAGES
+sc = Scenario.from_dict({"topology": {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8},
+                         "run": {"job": "bench", "iterations": 40, "seed": 1}})
+sim = ClusterSimulator(sc)
+cubes = [frame_to_cube(sim.frame(sim.step()), sc.topology.world, DEFAULT_STAGES.names) for _ in range(40)]
+ja = JobAnalyzer("bench", sc.topology, DEFAULT_STAGES)
+for c in cubes[:20]:
+    ja.feed(c)
+out = []
+for c in cubes[20:]:
+    t0 = time.perf_counter()
+    ja.feed(c)
+    ja.l2_frames()
+    out.append(time.perf_counter() - t0)
+print(json.dumps(out[1:]))
+"""
 
 SIZES = {
     "12,960 (IL-0477: tp=1 pp=9 dp=1440 ep=32)": {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8},
@@ -58,6 +103,7 @@ def run(ctx) -> str:
 
     (w1, s1, v1), (w2, s2, v2) = per_world.values()
     read = _read_time(ctx)
+    before_after = _before_after()
     return f"""## Analyzer
 
 One analyzer cycle (L1 + L2 + diagnosis + the L2 points to write), in memory, without the
@@ -75,7 +121,41 @@ Scaling from {w1:,} to {w2:,} ranks ({w2 / w1:.1f}x the ranks): steady-state cyc
 ranks x 10 stages x 20 iterations in <= 0.5 s without the read.
 
 Database read, reported apart: {read}
+
+{before_after}
 """
+
+
+def _before_after(rounds: int = 3) -> str:
+    """Steady-state IL-0477 cycle in the baseline revision and in this tree, ABAB."""
+    if shutil.which("git") is None:
+        return "Before/after: git not found; not measured."
+    tmp = Path(tempfile.mkdtemp(prefix="rankscope-baseline-"))
+    tree = tmp / "tree"
+    try:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), BASELINE],
+                       check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return f"Before/after: revision {BASELINE} not available ({exc.stderr.strip()[:200]}); not measured."
+    samples: dict[str, list[float]] = {"before": [], "after": []}
+    try:
+        for _ in range(rounds):
+            for name, where in (("before", tree), ("after", ROOT)):
+                env = {**os.environ, "PYTHONPATH": str(where)}
+                out = subprocess.run([sys.executable, "-c", _MEASURE], cwd=where, env=env, check=True,
+                                     capture_output=True, text=True)
+                samples[name] += json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    b, a = statistics.median(samples["before"]), statistics.median(samples["after"])
+    return (f"Before/after the package redesign: the IL-0477 steady-state cycle (one new iteration plus "
+            f"the L2 points) in revision `{BASELINE}` and in this tree, {rounds} rounds in turn, each in "
+            f"its own interpreter, {len(samples['after'])} cycles each: before {b * 1000:.0f} ms, after "
+            f"{a * 1000:.0f} ms, **ratio after/before {a / b:.2f}** (the after cycle also accounts every "
+            f"open incident's cost and follows placements).")
 
 
 def _read_time(ctx) -> str:

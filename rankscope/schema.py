@@ -201,7 +201,7 @@ class Measurement:
 MEASUREMENTS: dict[str, Measurement] = {
     STAGE_LATENCY: Measurement(
         STAGE_LATENCY, RANK_TAGS,
-        {ITERATION_FIELD: "int", ITERATION_MS_FIELD: "float", "<stage>": "float"},
+        {ITERATION_FIELD: "int", ITERATION_MS_FIELD: "float", GPU_UUID_FIELD: "str", "<stage>": "float"},
         "one point per rank per iteration; one float field (ms) per stage",
     ),
     EVENT: Measurement(

@@ -575,7 +575,7 @@ def test_local_gpu_from_local_rank_and_the_initialised_cuda_device():
 
 
 def test_stage_timer_points_keep_host_and_gpu_tags_in_influxdb(influx_store):
-    timer, points, clock = make_timer(host="gpu-node-07", gpu=3)
+    timer, points, clock = make_timer(host="gpu-node-07", gpu=3, gpu_uuid="GPU-5d0b8a0e-3c51")
     for _ in range(3):
         with timer.stage("mlp"):
             clock.advance(4)
@@ -584,6 +584,7 @@ def test_stage_timer_points_keep_host_and_gpu_tags_in_influxdb(influx_store):
     df = influx_store.read_stage_latency("job-a")
     assert df["host"].tolist() == ["gpu-node-07"] * 3
     assert df["gpu"].astype(int).tolist() == [3] * 3
+    assert df["gpu_uuid"].tolist() == ["GPU-5d0b8a0e-3c51"] * 3      # a string field, kept as one
     assert df["mlp"].tolist() == [approx(4.0)] * 3
 
 
