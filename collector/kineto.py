@@ -45,11 +45,12 @@ Device events belong to the iteration that launched them, host intervals to the
 one whose window contains their start (clipped to it); ``host_idle`` looks at
 the window itself.
 
-Where the rank ran: ``host`` from the trace's ``host_name`` (recent Kineto
-records it), a ``hostname``/``host`` metadata entry, else the
+Where the rank ran: ``host`` from the trace's ``hostname``/``host`` metadata
+entry or its ``host_name`` (recent Kineto records it), else the
 ``<host>_<pid>.<time>.pt.trace.json`` name ``tensorboard_trace_handler`` gives;
-``gpu`` from the device events' ``device``. A host map (:func:`read_host_map`)
-wins over both.
+``gpu`` from the device events' ``device``. A ``hostname`` added with
+``prof.add_metadata`` wins over Kineto's ``host_name``, a host map
+(:func:`read_host_map`) over both.
 """
 
 from __future__ import annotations
@@ -103,12 +104,14 @@ GPU_ANNOTATION_CAT = "gpu_user_annotation"
 COMM_KERNEL = re.compile(r"nccl|rccl|hccl", re.IGNORECASE)
 #: A memory kernel by name (AMD traces may record copies as kernels).
 MEMORY_KERNEL = re.compile(r"^(?:hip)?Mem(?:cpy|set)")
-#: Trace-level keys that may carry the host name (Kineto's own first).
-HOST_KEYS = ("host_name", "hostname", "host")
+#: Trace-level keys that may carry the host name: what the user added with
+#: ``prof.add_metadata("hostname", ...)`` first, Kineto's own ``host_name`` last (in a
+#: container that is the container's name, not the machine's).
+HOST_KEYS = ("hostname", "host", "host_name")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 #: ``tensorboard_trace_handler``'s default file name: ``<host>_<pid>.<time>.pt.trace.json[.gz]``.
-_HANDLER_NAME = re.compile(r"^(?P<host>.+)_\d+\.\d+\.pt\.trace\.json(?:\.gz)?$")
+_HANDLER_NAME = re.compile(r"^(?P<worker>(?P<host>.+)_\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 
 _COMPUTE, _COMM, _MEMORY, _IDLE = (s.name for s in schema.TRACE_STAGES)
 
@@ -244,15 +247,16 @@ def trace_rank(data: Mapping[str, Any], path: str | Path, rank: int | None = Non
 
 
 def trace_host(data: Mapping[str, Any], path: str | Path) -> str | None:
-    """The host the trace was recorded on: the trace's ``host_name`` (Kineto) / ``hostname`` /
-    ``host`` entry, else the ``<host>_<pid>.<time>.pt.trace.json`` file name of
-    ``tensorboard_trace_handler``'s default worker name; None when neither says."""
+    """The host the trace was recorded on: the trace's ``hostname`` / ``host`` entry (added with
+    ``prof.add_metadata``) or Kineto's ``host_name``, else the ``<host>_<pid>.<time>.pt.trace.json``
+    file name of ``tensorboard_trace_handler``'s default worker name; None when neither says."""
     for key in HOST_KEYS:
         v = data.get(key)
         if isinstance(v, str) and v.strip():
             return v.strip()
     m = _HANDLER_NAME.match(Path(path).name)
-    if m and not re.fullmatch(r"rank[_-]?\d+", m.group("host"), re.IGNORECASE):
+    # a worker name such as "rank_3" or "rank3_<pid>" names a rank, not a host
+    if m and not any(_RANK_IN_NAME.fullmatch(m.group(g)) for g in ("worker", "host")):
         return m.group("host")
     return None
 

@@ -16,6 +16,7 @@ from collector.kineto import (
     grouped_union_length,
     load_trace,
     summarise_trace,
+    trace_host,
 )
 from collector.stage_timer import union_length
 from evaluation.torch_demo import DemoConfig, run_demo
@@ -462,6 +463,17 @@ def test_host_from_the_handler_file_name_and_a_host_map_that_wins(tmp_path, infl
     assert cli_main(["import-trace", *map(str, bare), "--job", "bad", "--store", influx_store.url,
                      "--host-map", str(bad)]) == 1
     assert "rank 1 is mapped to 'x' and 'y'" in capsys.readouterr().err
+
+
+def test_host_added_as_metadata_wins_over_kinetos_own():
+    """In a container Kineto's host_name is the container's; prof.add_metadata("hostname", ...) names
+    the machine. Neither: the handler's default file name; a rank-style worker name is no host."""
+    both = {"traceEvents": [], "host_name": "trainer-pod-7f9c", "hostname": "gpu-node-017"}
+    assert trace_host(both, "rank0.json") == "gpu-node-017"
+    assert trace_host({"traceEvents": [], "host_name": "vm"}, "x.json") == "vm"
+    assert trace_host({"traceEvents": []}, "dgx-a_4242.1790000000000000000.pt.trace.json.gz") == "dgx-a"
+    assert trace_host({"traceEvents": []}, "rank_3.1790000000000000000.pt.trace.json") is None
+    assert trace_host({"traceEvents": []}, "sampled_rank-0.json.gz") is None
 
 
 def test_grouped_union_matches_a_plain_union_per_group():
