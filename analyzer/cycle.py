@@ -105,7 +105,7 @@ class AnalyzerService:
         changed: dict[str, Incident] = {}
         cps = []
         n_iters = 0
-        bar = tqdm(desc=f"analyze {job}", unit="it", disable=not self.progress, leave=False,
+        bar = tqdm(desc=f"analyze {job}", unit="it", disable=None if self.progress else True, leave=False,
                    dynamic_ncols=True)
         while True:
             t0 = time.perf_counter()

@@ -75,7 +75,7 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
     for ev in scenario.events:
         events_at.setdefault(ev.at, []).append(ev)
     bar = tqdm(total=scenario.iterations, desc=f"simulate {scenario.job}", unit="it",
-               disable=not progress, leave=True, dynamic_ncols=True)
+               disable=None if progress else True, leave=True, dynamic_ncols=True)
     wall0 = time.monotonic()
     if live and truth_path is not None:
         truth.write(truth_path)
