@@ -97,7 +97,8 @@ class JobAnalyzer:
         # every open incident's cost grows with the iteration: it is written again
         touched = {i.id: i for i in incs} | {i.id: i for i in self._diag.incidents if i.is_open}
         for inc in touched.values():
-            self.impact.update(inc, iteration, self.window, self.stages)
+            self.impact.update(inc, iteration, time_ms, self.window, self.stages)
+            inc.updated_ms = time_ms   # what a restarted analyzer need not count again
         incs = list(touched.values())
         self.last_scores = scores
         self.last_iteration, self.last_time_ms = iteration, time_ms
@@ -130,8 +131,12 @@ class JobAnalyzer:
         return self._diag.incidents
 
     def adopt(self, incidents: list[Incident]) -> None:
-        """Continue the incidents of a previous analyzer (read back from the store)."""
+        """Continue the incidents of a previous analyzer (read back from the store): iterations
+        replayed up to their last update neither resolve them nor add to their cost again."""
         self._diag.adopt(incidents)
+        for inc in incidents:
+            if inc.is_open:
+                self.impact.adopt(inc)
 
     def add_events(self, events: list[OutOfBandEvent]) -> None:
         """Out-of-band events to judge against the incidents."""

@@ -54,6 +54,12 @@ class ImpactTracker:
         self._times: deque[tuple[int, float]] = deque(maxlen=keep)
         self._accounted: dict[str, int] = {}          # incident id -> last iteration counted
         self._culprit_before: dict[str, float] = {}   # incident id -> culprits' stage level before
+        self._replayed: dict[str, int] = {}           # adopted incident id -> time already accounted
+
+    def adopt(self, inc: Incident) -> None:
+        """An incident read back after a restart: its cost up to ``inc.updated_ms`` is in its
+        record already; iterations replayed up to then add nothing again."""
+        self._replayed[inc.id] = int(inc.updated_ms)
 
     def push(self, iteration: int, job_s: float) -> None:
         """One iteration's job iteration time (seconds; NaN when nobody reported)."""
@@ -88,10 +94,15 @@ class ImpactTracker:
         return float(self.world * np.sum(s[m] - before_s) / 3600.0)
 
     # ------------------------------------------------------------ per incident
-    def update(self, inc: Incident, iteration: int, win: Window, stages: StageSet) -> None:
+    def update(self, inc: Incident, iteration: int, time_ms: int, win: Window, stages: StageSet) -> None:
         """Bring ``inc.impact`` up to ``iteration`` (call once per iteration while it is open,
         and once when it resolves)."""
         imp = inc.impact
+        if inc.id in self._replayed:
+            if time_ms <= self._replayed[inc.id]:
+                self._accounted[inc.id] = iteration   # counted by the analyzer before the restart
+                return
+            del self._replayed[inc.id]
         if not np.isfinite(imp.iteration_s_before):
             imp.iteration_s_before = self.level_before(inc.onset_iteration)
         end = inc.resolved_iteration if inc.resolved_iteration >= 0 else None
@@ -111,6 +122,7 @@ class ImpactTracker:
         if not inc.is_open:
             self._accounted.pop(inc.id, None)
             self._culprit_before.pop(inc.id, None)
+            self._replayed.pop(inc.id, None)
 
     def _if_restored(self, inc: Incident, imp: Impact, win: Window, stages: StageSet) -> float:
         now, before = imp.iteration_s_now, imp.iteration_s_before

@@ -3,6 +3,8 @@
 import logging
 import threading
 
+import pytest
+
 from analyzer.cli import parse_interval
 from analyzer.cycle import AnalyzerService
 from analyzer.schedule import build_scheduler, safe_cycle
@@ -38,6 +40,18 @@ def test_restart_in_the_middle_of_an_incident_does_not_duplicate_it(influx_store
     assert second.incidents()[0].status == "open"
     # it goes on from where the data is, not from the start
     assert second.analyzers[scenario.job].last_iteration == 39
+    # and its cost goes on too: neither counted twice over the replayed iterations nor restarted
+    from analyzer.engine import JobAnalyzer
+    from evaluation.accuracy import result_cube
+    from rankscope.schema import DEFAULT_STAGES
+
+    sim2, one = ClusterSimulator(scenario), JobAnalyzer(scenario.job, scenario.topology, DEFAULT_STAGES)
+    for _ in range(40):
+        res = sim2.step()
+        one.feed(result_cube(res, sim2.stages.names))
+    (whole,) = one.incidents()
+    (restarted,) = second.incidents()
+    assert restarted.impact.gpu_hours_lost == pytest.approx(whole.impact.gpu_hours_lost, rel=0.01)
 
 
 def test_incomplete_last_iteration_is_held_back(influx_store):

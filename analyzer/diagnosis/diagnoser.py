@@ -56,6 +56,7 @@ class Diagnoser:
         self.book = IncidentBook(cfg.event_lookback, keep_resolved=max(cfg.history, cfg.reopen_within),
                                  reopen_within=cfg.reopen_within)
         self._quiet: dict[str, int] = {}
+        self._replayed: dict[str, int] = {}   # adopted incident id -> time of its last update
 
     # ------------------------------------------------------------ state
     @property
@@ -75,6 +76,7 @@ class Diagnoser:
                 continue
             self.book.adopt(inc)
             if inc.is_open:
+                self._replayed[inc.id] = int(inc.updated_ms)
                 self._owner[inc.cls].adopt(inc)
 
     def reconfigure(self, cfg: AnalyzerConfig) -> None:
@@ -115,6 +117,10 @@ class Diagnoser:
         intermittent one that had gone quiet as its next episode."""
         out = []
         for inc in self.book.open():
+            if inc.id in self._replayed:   # the previous analyzer judged these iterations already
+                if obs.time_ms <= self._replayed[inc.id]:
+                    continue
+                del self._replayed[inc.id]
             rule = self._owner[inc.cls]
             before = self._quiet.get(inc.id, 0)
             needed = rule.quiet_to_resolve(inc)
