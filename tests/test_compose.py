@@ -108,7 +108,10 @@ def test_events_receiver_listens_in_the_network_and_is_published_on_loopback():
     host, port = args.listen
     assert host == "0.0.0.0"  # other containers (Alertmanager, Grafana) reach it by service name
     assert svc["ports"] == [f"127.0.0.1:{port}:{port}"]
-    assert svc["environment"] == SERVICES["analyzer"]["environment"]  # same store, same secrets
+    env = dict(svc["environment"])
+    token = env.pop("RANKSCOPE_EVENTS_TOKEN")
+    assert env == SERVICES["analyzer"]["environment"]  # same store, same secrets
+    assert token.startswith("${RANKSCOPE_EVENTS_TOKEN:?")  # required: the receiver is never open
     probe = " ".join(svc["healthcheck"]["test"])
     assert f"http://127.0.0.1:{port}/healthz" in probe
 
