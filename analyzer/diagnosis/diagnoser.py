@@ -40,7 +40,7 @@ class Diagnoser:
         self.job, self.topo, self.stages = job, topo, stages
         self.cfg = cfg = config or AnalyzerConfig()
         self.cells = RankCells(topo.world, len(stages))
-        self.silence = SilenceRule(job, topo, cfg)
+        self.silence = SilenceRule(job, topo, stages, cfg)
         rules: dict[str, Rule] = {
             "transient": TransientStallRule(job, topo, stages, cfg, self.cells),
             "stragglers": StragglerRule(job, topo, stages, cfg, self.cells),

@@ -30,7 +30,7 @@ from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_sets import overlap
-from analyzer.diagnosis.rule import Episode, culprit_incident
+from analyzer.diagnosis.rule import Episode, Rule, culprit_incident
 from analyzer.floors import FloorScores, intersect_risen
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
@@ -40,13 +40,13 @@ from rankscope.topology import Topology, format_ranks
 P2P_ITERATIONS = 3
 
 
-class LinkRule:
+class LinkRule(Rule):
     """Slow transfers of a set of ranks: a degraded link or NIC."""
 
     classes = (IncidentClass.LINK_DEGRADATION,)
 
     def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
-        self.job, self.topo, self.stages, self.cfg = job, topo, stages, cfg
+        super().__init__(job, topo, stages, cfg)
         self.episode: Episode | None = None
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
@@ -159,14 +159,6 @@ class LinkRule:
     def active(self, inc: Incident, obs: Observation) -> bool:
         return self.episode is not None and overlap(self.episode.ranks, np.asarray(inc.ranks)) >= 0.5
 
-    def quiet_to_resolve(self, inc: Incident) -> int:
-        return self.cfg.resolve_after
-
-    def resolved(self, inc: Incident) -> None:
-        return None
-
-    def adopt(self, inc: Incident) -> None:
-        return None
 
 
 def _untaint(topo: Topology, floors: FloorScores, tainted: np.ndarray) -> FloorScores:

@@ -25,19 +25,19 @@ from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_sets import jaccard
-from analyzer.diagnosis.rule import Episode, culprit_incident
+from analyzer.diagnosis.rule import Episode, Rule, culprit_incident
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks
 
 
-class PipelineRule:
+class PipelineRule(Rule):
     """A PP stage slower than its own past, relative to the other stages."""
 
     classes = (IncidentClass.PIPELINE_IMBALANCE,)
 
     def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
-        self.job, self.topo, self.stages, self.cfg = job, topo, stages, cfg
+        super().__init__(job, topo, stages, cfg)
         self.episode: Episode | None = None
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
@@ -80,11 +80,3 @@ class PipelineRule:
     def active(self, inc: Incident, obs: Observation) -> bool:
         return self.episode is not None
 
-    def quiet_to_resolve(self, inc: Incident) -> int:
-        return self.cfg.resolve_after
-
-    def resolved(self, inc: Incident) -> None:
-        return None
-
-    def adopt(self, inc: Incident) -> None:
-        return None

@@ -1,4 +1,4 @@
-"""The protocol every diagnosis rule follows, and small set helpers the rules share.
+"""The base every diagnosis rule follows, and the helpers rules share to make incidents.
 
 A rule owns one family of fault classes: it *detects* new incidents (and
 updates the ones it owns) from an :class:`~analyzer.diagnosis.observation.Observation`,
@@ -10,42 +10,50 @@ rule module plus its entry in :data:`analyzer.diagnosis.diagnoser.RULES`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
+from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
 from rankscope.incident import Incident, IncidentClass, incident_id
+from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
 
-class Rule(Protocol):
-    """One family of fault classes: detect, evidence, resolve."""
+class Rule(ABC):
+    """One family of fault classes: detect, evidence, resolve.
+
+    Holds what every rule works with (the job, its topology and stages, the thresholds) and
+    the defaults most rules keep: resolve after ``resolve_after`` quiet iterations, nothing
+    to release at resolution or to take over after a restart.
+    """
 
     #: The incident classes this rule creates (and resolves).
-    classes: tuple[IncidentClass, ...]
+    classes: tuple[IncidentClass, ...] = ()
 
+    def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
+        self.job, self.topo, self.stages, self.cfg = job, topo, stages, cfg
+
+    @abstractmethod
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
         """New incidents, and own open incidents changed by this iteration (registered in ``book``)."""
-        ...
 
+    @abstractmethod
     def active(self, inc: Incident, obs: Observation) -> bool:
         """Whether an open incident of this rule still shows in this iteration."""
-        ...
 
     def quiet_to_resolve(self, inc: Incident) -> int:
         """Inactive iterations in a row after which ``inc`` resolves."""
-        ...
+        return self.cfg.resolve_after
 
-    def resolved(self, inc: Incident) -> None:
+    def resolved(self, inc: Incident) -> None:  # noqa: B027 - most rules hold nothing
         """Release what the rule held for ``inc`` (it has just resolved)."""
-        ...
 
-    def adopt(self, inc: Incident) -> None:
+    def adopt(self, inc: Incident) -> None:  # noqa: B027 - most rules hold nothing
         """Take over an open incident read back from the store (after a restart)."""
-        ...
 
 
 def culprit_incident(job: str, cls: IncidentClass, ranks, topo: Topology, onset_iteration: int,

@@ -9,7 +9,9 @@ Example::
 
     >>> from analyzer.config import AnalyzerConfig
     >>> from rankscope.topology import Topology
-    >>> [c.value for c in SilenceRule("j", Topology(dp=8, gpus_per_node=4), AnalyzerConfig()).classes]
+    >>> from rankscope.schema import DEFAULT_STAGES
+    >>> [c.value for c in SilenceRule("j", Topology(dp=8, gpus_per_node=4), DEFAULT_STAGES,
+    ...                               AnalyzerConfig()).classes]
     ['silent_rank']
 """
 
@@ -20,18 +22,19 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
-from analyzer.diagnosis.rule import culprit_incident
+from analyzer.diagnosis.rule import Rule, culprit_incident
 from rankscope.incident import Incident, IncidentClass
+from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks
 
 
-class SilenceRule:
+class SilenceRule(Rule):
     """Hung or crashed processes (or their collectors)."""
 
     classes = (IncidentClass.SILENT_RANK,)
 
-    def __init__(self, job: str, topo: Topology, cfg: AnalyzerConfig):
-        self.job, self.topo, self.cfg = job, topo, cfg
+    def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
+        super().__init__(job, topo, stages, cfg)
         self.seen = np.zeros(topo.world, dtype=bool)
         self.missing = np.zeros(topo.world, dtype=np.int64)
         self.missing_since = np.zeros(topo.world, dtype=np.int64)
@@ -68,8 +71,3 @@ class SilenceRule:
     def quiet_to_resolve(self, inc: Incident) -> int:
         return 1
 
-    def resolved(self, inc: Incident) -> None:
-        return None
-
-    def adopt(self, inc: Incident) -> None:
-        return None

@@ -34,19 +34,20 @@ from analyzer.diagnosis.rank_evidence import (
     write_rank_evidence,
 )
 from analyzer.diagnosis.rank_sets import distance
-from analyzer.diagnosis.rule import set_culprits
+from analyzer.diagnosis.rule import Rule, set_culprits
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
 
-class StragglerRule:
+class StragglerRule(Rule):
     """Persistent rank-level slowness in a compute (straggler) or host (stall) stage."""
 
     classes = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.HOST_STALL)
 
     def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig, cells: RankCells):
-        self.job, self.topo, self.stages, self.cfg, self.cells = job, topo, stages, cfg, cells
+        super().__init__(job, topo, stages, cfg)
+        self.cells = cells
 
     def class_of(self, stage: int) -> IncidentClass:
         return (IncidentClass.HOST_STALL if self.stages.stages[stage].kind == "host"
@@ -111,9 +112,6 @@ class StragglerRule:
         if not reporting.any():
             return True  # silent culprits are not recovered culprits
         return bool(obs.hot[ranks[reporting], self.stages.index(inc.stage)].mean() >= 0.5)
-
-    def quiet_to_resolve(self, inc: Incident) -> int:
-        return self.cfg.resolve_after
 
     def resolved(self, inc: Incident) -> None:
         self.cells.claim(inc.ranks, self.stages.index(inc.stage), held=False)

@@ -31,18 +31,20 @@ from analyzer.diagnosis.rank_evidence import (
     split_by_onset_and_place,
     write_rank_evidence,
 )
+from analyzer.diagnosis.rule import Rule
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
 
-class TransientStallRule:
+class TransientStallRule(Rule):
     """Short, large rank-level stalls that passed."""
 
     classes = (IncidentClass.TRANSIENT_STALL,)
 
     def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig, cells: RankCells):
-        self.job, self.topo, self.stages, self.cfg, self.cells = job, topo, stages, cfg, cells
+        super().__init__(job, topo, stages, cfg)
+        self.cells = cells
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
         cfg, cells = self.cfg, self.cells
@@ -75,8 +77,3 @@ class TransientStallRule:
     def quiet_to_resolve(self, inc: Incident) -> int:
         return 1
 
-    def resolved(self, inc: Incident) -> None:
-        return None
-
-    def adopt(self, inc: Incident) -> None:
-        return None
