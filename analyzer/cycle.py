@@ -9,8 +9,10 @@ per job:
    than expected and nothing after it), so a half-written iteration does not
    look like silent ranks;
 3. feed the rest to the job's :class:`~analyzer.engine.JobAnalyzer`;
-4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points,
-   all keyed by time and tags, so a re-run writes the same points again.
+4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points, and the
+   rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
+   :mod:`analyzer.rollups`), all keyed by time and tags, so a re-run writes the same points
+   again. Iterations written while no analyzer ran are rolled up by ``rankscope rollup``.
 
 After a restart the state is rebuilt from the database: the job's incidents
 are read back (an open one keeps its id; the diagnosis joins the re-detected
@@ -31,6 +33,7 @@ from tqdm import tqdm
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
 from analyzer.events import OutOfBandEvent
+from analyzer.rollups import incident_host_frame, rollup_frames
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.incident import Incident, incidents_frame, load_incidents
@@ -130,6 +133,10 @@ class AnalyzerService:
             cube = frame_to_cube(frame, ja.topo.world, ja.stages.names)
             res = ja.feed(cube)
             report.analyze_s += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            for name, rolled in rollup_frames(job, ja.topo, cube).items():   # chunk by chunk: bounded memory
+                self.store.write_measurement(name, rolled)
+            report.write_s += time.perf_counter() - t2
             cps += res.changepoints
             for inc in res.incidents:
                 changed[inc.id] = inc
@@ -204,6 +211,7 @@ class AnalyzerService:
             self.store.write_measurement(schema.L2_RANK, r)
         if incidents:
             self.store.write_measurement(schema.INCIDENT, incidents_frame(incidents))
+            self.store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(incidents))
 
     def stored_incidents(self, job: str | None = None) -> list[Incident]:
         """Every incident of the analyzed jobs as the store holds them (also those resolved

@@ -10,7 +10,11 @@ annotations, data = the InfluxQL query on the pinned data source uid, then
 
 Annotations may use Grafana's alert templates (``{{ $labels.node }}``): Grafana
 does not interpolate environment variables in annotations; labels are
-interpolated, so they hold no ``$``.
+interpolated, so they hold no ``$``. An alert's labels are its query's GROUP BY
+tags (job, host, class, ...) plus ``severity`` and ``source``; the notification
+policy (:mod:`dashboards.routing`) routes on them. Every rule reads the
+rollups and the analyzer's outputs, never raw points, and links to the
+incident drill-down with its variables set (annotation ``dashboard``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dashboards.panels import DATASOURCE_UID
+from dashboards.panels import DATASOURCE_UID, source
+from rankscope import schema
 
 EXPR_UID = "__expr__"
 FOLDER = "rankscope"
+#: Where every alert links, with its variables set: the incident drill-down.
+INCIDENT_DASHBOARD = "rankscope-incident"
+#: The label every rankscope alert carries (the notification policy routes on it).
+SOURCE = "rankscope"
 Reducer = Literal["last", "max", "min", "mean", "sum", "count"]
 Comparison = Literal["gt", "lt"]
 
@@ -99,6 +108,10 @@ class AlertRule:
     severity: str = "warning"
     dashboard_uid: str | None = None
     no_data: Literal["OK", "NoData", "Alerting"] = "OK"
+    #: Variables the link to ``dashboard_uid`` sets from the alert's labels: (variable, label).
+    link_vars: tuple[tuple[str, str], ...] = (("job", "job"),)
+    #: The label holding the incident id, when the alert names one (the drill-down opens it).
+    incident_label: str | None = None
 
     def __post_init__(self) -> None:
         refs = [self.query.ref_id, self.reduce.ref_id, self.threshold.ref_id]
@@ -109,11 +122,19 @@ class AlertRule:
         if len(self.uid) > 40:
             raise ValueError(f"alert rule uid {self.uid!r} is longer than Grafana's 40 characters")
 
+    @staticmethod
+    def link(uid: str, variables: tuple[tuple[str, str], ...]) -> str:
+        """``/d/<uid>?var-job={{ $labels.job }}&...``: a dashboard with the alert's variables set."""
+        query = "&".join(f"var-{var}={{{{ $labels.{label} }}}}" for var, label in variables)
+        return f"/d/{uid}?{query}" if query else f"/d/{uid}"
+
     def to_provisioning(self) -> dict:
-        annotations = {"summary": self.summary, "description": self.description}
-        if self.dashboard_uid:
-            # A plain link: Grafana's __dashboardUid__ would also require a __panelId__.
-            annotations["dashboard"] = f"/d/{self.dashboard_uid}"
+        # Plain links: Grafana's __dashboardUid__ would also require a __panelId__.
+        drill = (("job", "job"),) + ((("incident", self.incident_label),) if self.incident_label else ())
+        annotations = {"summary": self.summary, "description": self.description,
+                       "dashboard": self.link(INCIDENT_DASHBOARD, drill)}
+        if self.dashboard_uid and self.dashboard_uid != INCIDENT_DASHBOARD:
+            annotations["view"] = self.link(self.dashboard_uid, self.link_vars)
         return {
             "uid": self.uid,
             "title": self.title,
@@ -123,7 +144,7 @@ class AlertRule:
             "execErrState": "Error",
             "for": self.pending,
             "annotations": annotations,
-            "labels": {"severity": self.severity, "source": "rankscope"},
+            "labels": {"severity": self.severity, "source": SOURCE},
             "isPaused": False,
         }
 
@@ -165,7 +186,7 @@ def rankscope_alert_groups() -> list[AlertGroup]:
     l1 = AlertRule(
         uid="rankscope-l1-step",
         title="L1: iteration time stepped up",
-        query=InfluxQuery("A", "SELECT max(\"after_ms\") / max(\"before_ms\") FROM \"l1_changepoint\" "
+        query=InfluxQuery("A", f"SELECT max(\"after_ms\") / max(\"before_ms\") FROM {source(schema.L1_CHANGEPOINT)} "
                                "WHERE \"scope\" = 'job' AND \"kind\" = 'step' AND $timeFilter GROUP BY \"job\"",
                           from_s=3600),
         reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L1_STEP_RATIO),
@@ -178,7 +199,7 @@ def rankscope_alert_groups() -> list[AlertGroup]:
     cv = AlertRule(
         uid="rankscope-l2-group-cv",
         title="L2: parallel group uneven (CV above threshold)",
-        query=InfluxQuery("A", "SELECT max(\"cv\") FROM \"l2_group\" WHERE $timeFilter "
+        query=InfluxQuery("A", f"SELECT max(\"cv\") FROM {source(schema.L2_GROUP)} WHERE $timeFilter "
                                "GROUP BY \"job\", \"group_type\", \"stage\"", from_s=600),
         reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L2_CV_THRESHOLD),
         summary="Job {{ $labels.job }}: {{ $labels.stage }} varies across a {{ $labels.group_type }} group "
@@ -187,11 +208,11 @@ def rankscope_alert_groups() -> list[AlertGroup]:
                     "{{ $labels.stage }} than the others. A compute stage (attention, mlp, optimizer) "
                     "points at the slow ranks' own hardware; a collective points at the link or at a "
                     "member arriving late. See the L2 dashboard's 'Groups over threshold' table.",
-        severity="warning", dashboard_uid="rankscope-l2")
+        severity="warning", dashboard_uid="rankscope-l2", link_vars=(("job", "job"), ("group_type", "group_type")))
     rank = AlertRule(
         uid="rankscope-l2-culprit-node",
         title="L2: node far slower than its group",
-        query=InfluxQuery("A", "SELECT max(\"ratio\") FROM \"l2_rank\" WHERE $timeFilter "
+        query=InfluxQuery("A", f"SELECT max(\"ratio\") FROM {source(schema.L2_RANK)} WHERE $timeFilter "
                                "GROUP BY \"job\", \"node\", \"stage\"", from_s=600),
         reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L2_RANK_RATIO),
         summary="Job {{ $labels.job }}: node {{ $labels.node }} is {{ humanize $values.B.Value }}x its "
@@ -199,19 +220,20 @@ def rankscope_alert_groups() -> list[AlertGroup]:
         description="Ranks on node {{ $labels.node }} spend {{ humanize $values.B.Value }} times the group "
                     "median in {{ $labels.stage }}. If that stage is compute-only, the node is degraded: "
                     "drain or replace node {{ $labels.node }}; network repairs will not help.",
-        severity="critical", dashboard_uid="rankscope-heatmap")
+        severity="critical", dashboard_uid="rankscope-heatmap", link_vars=(("job", "job"), ("stage", "stage")))
     incident = AlertRule(
         uid="rankscope-incident-open",
         title="Fail-slow incident open",
-        query=InfluxQuery("A", "SELECT last(\"ratio\") FROM \"incident\" WHERE \"status\" = 'open' AND $timeFilter "
-                               "GROUP BY \"job\", \"id\", \"class\"", from_s=30 * 86400),
+        query=InfluxQuery("A", f"SELECT last(\"ratio\") FROM {source(schema.INCIDENT_HOST)} WHERE \"status\" = 'open' "
+                               "AND $timeFilter GROUP BY \"job\", \"id\", \"class\", \"host\"", from_s=30 * 86400),
         reduce=Reduce("B", "A", "last"), threshold=Threshold("C", "B", "gt", 0),
-        summary="Job {{ $labels.job }}: {{ $labels.class }} incident {{ $labels.id }} is open "
-                "(culprits at {{ humanize $values.B.Value }}x their group)",
+        summary="Job {{ $labels.job }}: {{ $labels.class }} incident {{ $labels.id }} is open on host "
+                "{{ $labels.host }} (culprits at {{ humanize $values.B.Value }}x their group)",
         description="The analyzer opened incident {{ $labels.id }} ({{ $labels.class }}) on job "
-                    "{{ $labels.job }}. Its record names the culprit node, ranks, stage and ratio, and "
-                    "its verdict on each out-of-band event: open /d/rankscope-incident?var-job="
-                    "{{ $labels.job }}&var-incident={{ $labels.id }}. Replace the culprit node when the "
-                    "class is a compute fault.",
-        severity="critical", dashboard_uid="rankscope-incident", pending="0s")
+                    "{{ $labels.job }}; host {{ $labels.host }} holds culprit ranks (one alert per culprit "
+                    "host, grouped per job). Its record names the culprit ranks, stage, ratio and cost, and "
+                    "its verdict on each out-of-band event. Drain or replace {{ $labels.host }} when the "
+                    "class is a compute fault; do not repair the network on the strength of a port event "
+                    "the record contradicts.",
+        severity="critical", dashboard_uid=INCIDENT_DASHBOARD, pending="0s", incident_label="id")
     return [AlertGroup("rankscope fail-slow", "1m", [l1, cv, rank, incident])]

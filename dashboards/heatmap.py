@@ -1,21 +1,25 @@
 """Rank x stage heatmap: one stage, ranks (rows) over time (columns), as in IL-0477.
 
 At 12,960 ranks a browser cannot draw one row per rank, so the overview
-aggregates rows per node (8 ranks each: 1,620 rows) and the drill-down shows
-single ranks only for the chosen dp ranges (an EP group of 32 ranks each).
-The snapshot table is rank x stage for the drill-down ranks in the latest
-window; the ratio heatmap shows the analyzer's per-rank ratio to the group
-median (only ranks above its reporting floor).
+draws one row per node (8 ranks each: 1,620 rows) from the ``rollup_host``
+points the analyzer writes per host and iteration (the mean over the node's
+ranks), never the 12,960 raw series, and asks for few enough columns that the
+answer stays small over hours. Raw points are read only by the drill-down,
+single ranks of the chosen dp ranges (an EP group of 32 ranks each), and by
+the snapshot table of those ranks; the ratio heatmap shows the analyzer's
+per-rank ratio to the group median (only ranks above its reporting floor).
 """
 
 from __future__ import annotations
 
 from dashboards.panels import (
+    HEATMAP_MAX_CELLS,
     DashboardSpec,
     HeatmapColor,
     Layout,
     dashboard_link,
     rows_heatmap,
+    source,
     table,
     target,
 )
@@ -39,17 +43,20 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
     where = "\"job\" = '$job' AND \"pp\" =~ /^$pp$/ AND $timeFilter"
     by_node = rows_heatmap(
         "$stage by node, all ranks (mean over the node's ranks)",
-        f"SELECT mean(\"$stage\") FROM \"stage_latency\" WHERE {where} "
+        f"SELECT mean(\"$stage\") FROM {source(schema.ROLLUP_HOST)} WHERE {where} "
         f"GROUP BY time($__interval), \"node\" fill(none)",
         lay.place(24, 14), row_tag="node", max_rows=topology.nodes,
+        max_points=max(HEATMAP_MAX_CELLS // topology.nodes, 1),
         description=f"Rows are nodes ({topology.gpus_per_node} ranks each, {topology.nodes} at most), "
                     f"columns time. A bright row is a slow node; a dark band across many nodes is a "
-                    f"collective that finished early because its members arrived late.")
+                    f"collective that finished early because its members arrived late. Read from the "
+                    f"per-host rollups: one column per iteration over the last half hour, a few "
+                    f"iterations per column over hours.")
     lay.newline()
     drill_where = "\"job\" = '$job' AND \"ep_group\" =~ /^$dp$/ AND $timeFilter"
     by_rank = rows_heatmap(
         "$stage by rank, dp ranges $dp",
-        f"SELECT mean(\"$stage\") FROM \"stage_latency\" WHERE {drill_where} "
+        f"SELECT mean(\"$stage\") FROM {source(schema.STAGE_LATENCY)} WHERE {drill_where} "
         f"GROUP BY time($__interval), \"rank\" fill(none)",
         lay.place(24, 14), row_tag="rank", max_rows=MAX_DP_RANGES * topology.ep,
         description="Single ranks of the chosen dp ranges (pick them in 'dp range'; "
@@ -58,7 +65,8 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
     stage_cols = ", ".join(f"last(\"{s}\") AS \"{s}\"" for s in schema.DEFAULT_STAGES.names)
     snapshot = table(
         "Snapshot: rank x stage, latest window (dp ranges $dp)",
-        [target(f"SELECT {stage_cols} FROM \"stage_latency\" WHERE {drill_where} GROUP BY \"rank\", \"node\"",
+        [target(f"SELECT {stage_cols} FROM {source(schema.STAGE_LATENCY)} WHERE {drill_where} "
+                f"GROUP BY \"rank\", \"node\", \"host\"",
                 table=True)],
         lay.place(24, 12), sort_by="$stage",
         overrides=[{"matcher": {"id": "byRegexp", "options": "/" + "|".join(schema.DEFAULT_STAGES.names) + "/"},
@@ -70,7 +78,7 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
     lay.newline()
     ratio = rows_heatmap(
         "$stage: ratio to the group median (ranks over the analyzer's reporting floor)",
-        "SELECT max(\"ratio\") FROM \"l2_rank\" WHERE \"job\" = '$job' AND \"stage\" = '$stage' "
+        f"SELECT max(\"ratio\") FROM {source(schema.L2_RANK)} WHERE \"job\" = '$job' AND \"stage\" = '$stage' "
         "AND $timeFilter GROUP BY time($__interval), \"rank\" fill(none)",
         lay.place(24, 10), row_tag="rank", max_rows=2000, unit="none",
         color=HeatmapColor(scheme="RdBu", scale="linear", min=0, max=6),

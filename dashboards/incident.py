@@ -2,7 +2,9 @@
 the out-of-band events and the analyzer's verdict on each.
 
 Hidden variables read the chosen incident's fields (culprit node, stage, group)
-so every panel below follows the incident picked at the top.
+so every panel below follows the incident picked at the top. The culprit node's
+stages come from the per-host rollups (kept long), so an incident months old
+still shows its evidence after the raw points expired.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dashboards.panels import (
     InfluxAnnotation,
     Layout,
     dashboard_link,
+    source,
     table,
     target,
     timeseries,
@@ -20,6 +23,8 @@ from dashboards.variables import incident_field_variable, incident_variable, job
 from rankscope import schema
 
 UID = "rankscope-incident"
+INCIDENT = source(schema.INCIDENT)
+ROLLUP_HOST = source(schema.ROLLUP_HOST)
 #: Grafana variable regexes that pick values out of an incident's text fields.
 FIRST_NUMBER = "/^(\\d+)/"
 EVIDENCE_GROUP_ID = '/"group"\\s*:\\s*\\{[^{}]*?"id"\\s*:\\s*(\\d+)/'
@@ -30,19 +35,21 @@ def spec() -> DashboardSpec:
     lay = Layout()
     evidence = table(
         "Incident record",
-        [target("SELECT \"title\", \"class\", \"status\", \"nodes\", \"ranks\", \"stage\", \"ratio\", "
-                "\"group_type\", \"group_ranks\", \"onset_iteration\", \"resolved_iteration\", \"text\" "
-                f"FROM \"incident\" WHERE {INCIDENT_WHERE}", table=True)],
+        [target("SELECT \"title\", \"class\", \"status\", \"hosts\", \"nodes\", \"ranks\", \"stage\", \"ratio\", "
+                "\"group_type\", \"group_ranks\", \"onset_iteration\", \"resolved_iteration\", \"slowdown\", "
+                "\"gpu_hours_lost\", \"iteration_s_if_restored\", \"text\" "
+                f"FROM {INCIDENT} WHERE {INCIDENT_WHERE}", table=True)],
         lay.place(24, 6),
-        description="What the analyzer concluded: fault class, culprit ranks and node, the stage and its "
-                    "ratio to the group median, the group, onset (and resolution) iteration.")
+        description="What the analyzer concluded: fault class, the hosts to drain, culprit ranks and node, "
+                    "the stage and its ratio to the group median, the group, onset (and resolution) "
+                    "iteration, and the cost: slowdown, GPU-hours lost, iteration time if restored.")
     lay.newline()
     culprit_vs_group = timeseries(
         "$stage: culprit node $culprit_node against its $group_type group $group_id",
-        [target("SELECT mean(\"$stage\") AS \"culprit node $culprit_node\" FROM \"stage_latency\" "
+        [target(f"SELECT mean(\"$stage\") AS \"culprit node $culprit_node\" FROM {ROLLUP_HOST} "
                 "WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' AND $timeFilter "
                 "GROUP BY time($__interval) fill(none)", "A"),
-         target("SELECT mean(\"median\") AS \"group median\" FROM \"l2_group\" WHERE \"job\" = '$job' "
+         target(f"SELECT mean(\"median\") AS \"group median\" FROM {source(schema.L2_GROUP)} WHERE \"job\" = '$job' "
                 "AND \"group_type\" = '$group_type' AND \"group_id\" = '$group_id' AND \"stage\" = '$stage' "
                 "AND $timeFilter GROUP BY time($__interval) fill(none)", "B")],
         lay.place(12, 10), unit="ms",
@@ -50,7 +57,7 @@ def spec() -> DashboardSpec:
     stages = ", ".join(f"mean(\"{s}\") AS \"{s}\"" for s in schema.DEFAULT_STAGES.names)
     culprit_stages = timeseries(
         "Every stage of culprit node $culprit_node",
-        [target(f"SELECT {stages} FROM \"stage_latency\" WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' "
+        [target(f"SELECT {stages} FROM {ROLLUP_HOST} WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' "
                 "AND $timeFilter GROUP BY time($__interval) fill(none)")],
         lay.place(12, 10), unit="ms",
         description="A compute-only stage that rises while the collectives do not is a compute fault; "
@@ -59,20 +66,20 @@ def spec() -> DashboardSpec:
     ratios = table(
         "Culprit ranks: ratio to group median per stage",
         [target("SELECT max(\"ratio\") AS \"ratio\", last(\"value\") AS \"ms\", last(\"baseline_ratio\") AS "
-                "\"baseline ratio\" FROM \"l2_rank\" WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' "
+                f"\"baseline ratio\" FROM {source(schema.L2_RANK)} WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' "
                 "AND $timeFilter GROUP BY \"rank\", \"stage\"", table=True)],
         lay.place(12, 9), sort_by="ratio",
         description="Stages of the culprit node's ranks that the analyzer scored above its floor.")
     events = table(
         "Out-of-band events",
-        [target("SELECT \"text\", \"rank\", \"value\" FROM \"event\" WHERE \"job\" = '$job' AND $timeFilter "
-                "GROUP BY \"name\", \"node\", \"severity\", \"source\"", table=True)],
+        [target(f"SELECT \"text\", \"rank\", \"value\" FROM {source(schema.EVENT)} WHERE \"job\" = '$job' "
+                "AND $timeFilter GROUP BY \"name\", \"host\", \"node\", \"severity\", \"source\"", table=True)],
         lay.place(12, 9), sort_by="Time",
         description="Events from other monitors (e.g. 'server port down') during the time range.")
     lay.newline()
     verdicts = table(
         "Verdict on each event and the evidence",
-        [target(f"SELECT \"events\", \"evidence\" FROM \"incident\" WHERE {INCIDENT_WHERE}", table=True)],
+        [target(f"SELECT \"events\", \"evidence\" FROM {INCIDENT} WHERE {INCIDENT_WHERE}", table=True)],
         lay.place(24, 8),
         overrides=[{"matcher": {"id": "byRegexp", "options": "/events|evidence/"},
                     "properties": [{"id": "custom.cellOptions", "value": {"type": "json-view"}}]}],
@@ -90,12 +97,12 @@ def spec() -> DashboardSpec:
             incident_field_variable("group_id", "group id", "evidence", regex=EVIDENCE_GROUP_ID),
         ],
         annotations=[
-            InfluxAnnotation("Incident", f"SELECT \"title\", \"text\", \"tags\" FROM \"incident\" WHERE "
+            InfluxAnnotation("Incident", f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE "
                                          f"{INCIDENT_WHERE} AND $timeFilter",
                              text_column="text", title_column="title", tags_column="tags", color="red"),
-            InfluxAnnotation("Events", "SELECT \"text\", \"node\" FROM \"event\" WHERE \"job\" = '$job' "
-                                       "AND $timeFilter", text_column="text", tags_column="node", color="purple"),
-            InfluxAnnotation("L1 change points", "SELECT \"text\" FROM \"l1_changepoint\" WHERE \"job\" = '$job' "
+            InfluxAnnotation("Events", f"SELECT \"text\", \"host\" FROM {source(schema.EVENT)} WHERE \"job\" = '$job' "
+                                       "AND $timeFilter", text_column="text", tags_column="host", color="purple"),
+            InfluxAnnotation("L1 change points", f"SELECT \"text\" FROM {source(schema.L1_CHANGEPOINT)} WHERE \"job\" = '$job' "
                                                  "AND \"scope\" = 'job' AND $timeFilter",
                              text_column="text", color="orange"),
         ],

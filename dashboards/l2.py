@@ -15,6 +15,7 @@ from dashboards.panels import (
     Layout,
     dashboard_link,
     query_variable,
+    source,
     table,
     target,
     timeseries,
@@ -23,13 +24,14 @@ from dashboards.variables import job_variable
 from rankscope import schema
 
 UID = "rankscope-l2"
+L2_GROUP = source(schema.L2_GROUP)
 #: CV above which the analyzer flags a group (IL-0477: the culprits' group had CV > 0.8).
 CV_THRESHOLD = 0.8
 
 
 def group_type_variable() -> g.Template:
     return query_variable("group_type", "group type",
-                          "SHOW TAG VALUES FROM \"l2_group\" WITH KEY = \"group_type\" WHERE \"job\" = '$job'",
+                          f"SHOW TAG VALUES FROM {L2_GROUP} WITH KEY = \"group_type\" WHERE \"job\" = '$job'",
                           multi=True, include_all=True, default="All", sort=1)
 
 
@@ -38,7 +40,7 @@ def spec() -> DashboardSpec:
     where = "\"job\" = '$job' AND \"group_type\" =~ /^$group_type$/ AND $timeFilter"
     cv = timeseries(
         "Worst group CV per stage",
-        [target(f"SELECT max(\"cv\") FROM \"l2_group\" WHERE {where} "
+        [target(f"SELECT max(\"cv\") FROM {L2_GROUP} WHERE {where} "
                 f"GROUP BY time($__interval), \"group_type\", \"stage\" fill(none)",
                 alias="$tag_group_type $tag_stage")],
         lay.place(16, 10), unit="none",
@@ -48,14 +50,14 @@ def spec() -> DashboardSpec:
                     f"threshold ({CV_THRESHOLD}). A compute stage above it names a straggler.")
     flagged_count = table(
         "Groups over threshold, by stage",
-        [target(f"SELECT count(\"cv\") AS \"windows\", max(\"cv\") AS \"max cv\" FROM \"l2_group\" "
+        [target(f"SELECT count(\"cv\") AS \"windows\", max(\"cv\") AS \"max cv\" FROM {L2_GROUP} "
                 f"WHERE {where} AND \"anomalous\" = 1 GROUP BY \"group_type\", \"stage\"", table=True)],
         lay.place(8, 10), sort_by="max cv")
     lay.newline()
     comm = "|".join(schema.DEFAULT_STAGES.of_kind("comm"))
     floor = timeseries(
         "Transfer floor of the collectives (fastest member) and the median member",
-        [target(f"SELECT min(\"min\") AS \"floor\", median(\"median\") AS \"median\" FROM \"l2_group\" "
+        [target(f"SELECT min(\"min\") AS \"floor\", median(\"median\") AS \"median\" FROM {L2_GROUP} "
                 f"WHERE \"job\" = '$job' AND \"stage\" =~ /^({comm})$/ AND $timeFilter "
                 f"GROUP BY time($__interval), \"stage\" fill(none)", alias="$tag_stage $col")],
         lay.place(24, 10), unit="ms",
@@ -67,7 +69,7 @@ def spec() -> DashboardSpec:
     groups = table(
         "Groups over threshold",
         [target(f"SELECT last(\"cv\") AS \"cv\", last(\"median\") AS \"median ms\", last(\"max\") AS \"max ms\", "
-                f"last(\"size\") AS \"size\" FROM \"l2_group\" WHERE {where} AND \"anomalous\" = 1 "
+                f"last(\"size\") AS \"size\" FROM {L2_GROUP} WHERE {where} AND \"anomalous\" = 1 "
                 f"GROUP BY \"group_type\", \"group_id\", \"stage\"", table=True)],
         lay.place(24, 10), sort_by="cv",
         description="Latest statistics of every group and stage the analyzer flagged in the time range.")

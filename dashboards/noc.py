@@ -1,7 +1,9 @@
 """NOC overview: the wall display. Big numbers, few panels, readable across the room.
 
-Per-job iteration time (median and max over ranks), L1 change points and
-incidents as annotations, the open incidents and the top suspect ranks.
+Per-job iteration time (median, p99 and max over ranks) and the slowest rank, L1 change
+points and incidents as annotations, the open incidents with their hosts and cost, the top
+suspect ranks. Every panel reads the analyzer's rollups and outputs (kept long, a few points
+per iteration), never the raw per-rank points, so a wall over hours answers at once.
 """
 
 from __future__ import annotations
@@ -11,69 +13,89 @@ from dashboards.panels import (
     InfluxAnnotation,
     Layout,
     dashboard_link,
+    source,
     stat,
     table,
     target,
     timeseries,
 )
 from dashboards.variables import job_variable
+from rankscope import schema
 
 UID = "rankscope-noc"
 JOB = "\"job\" =~ /^$job$/"
 #: Open incidents are listed whatever the dashboard's time range (their onset may be older).
 OPEN_WINDOW = "time > now() - 30d"
+ROLLUP_JOB = source(schema.ROLLUP_JOB)
+INCIDENT = source(schema.INCIDENT)
 
 
 def spec() -> DashboardSpec:
     lay = Layout()
     open_count = stat(
-        "Open incidents", [target(f"SELECT count(\"title\") FROM \"incident\" WHERE \"status\" = 'open' "
+        "Open incidents", [target(f"SELECT count(\"title\") FROM {INCIDENT} WHERE \"status\" = 'open' "
                                   f"AND {JOB} AND {OPEN_WINDOW}")],
         lay.place(4, 6), description="Incidents the analyzer has open now (any job selected).")
     worst = stat(
         "Slowest iteration (max over ranks)",
-        [target(f"SELECT max(\"iteration_ms\") / 1000 FROM \"stage_latency\" WHERE {JOB} AND $timeFilter "
+        [target(f"SELECT max(\"max_ms\") / 1000 FROM {ROLLUP_JOB} WHERE {JOB} AND $timeFilter "
                 f"GROUP BY time($__interval) fill(none)")],
         lay.place(4, 6), unit="s", calc="lastNotNull",
         thresholds=(("green", None), ("orange", 45), ("red", 60)),
         description="Iteration time of the slowest rank in the latest interval.")
+    slowest = table(
+        "Slowest rank per job (latest iteration)",
+        [target(f"SELECT last(\"max_ms\") / 1000 AS \"slowest s\", last(\"median_ms\") / 1000 AS \"median s\", "
+                f"last(\"slowest_rank\") AS \"rank\", last(\"slowest_host\") AS \"host\", "
+                f"last(\"iteration\") AS \"iteration\" FROM {ROLLUP_JOB} WHERE {JOB} AND $timeFilter "
+                f"GROUP BY \"job\"", table=True)],
+        lay.place(16, 6), sort_by="slowest s",
+        description="The rank that took longest in each job's latest iteration, the host it runs on, "
+                    "and the job's median for comparison.")
+    lay.newline()
     iteration = timeseries(
-        "Iteration time per job (median and max over ranks)",
-        [target(f"SELECT median(\"iteration_ms\") / 1000 AS \"median\", max(\"iteration_ms\") / 1000 AS \"max\" "
-                f"FROM \"stage_latency\" WHERE {JOB} AND $timeFilter GROUP BY time($__interval), \"job\" fill(none)",
-                alias="$tag_job $col")],
-        lay.place(16, 12), unit="s", lineWidth=3,
-        description="A step here is an L1 change point (red marks); a gap between median and max "
-                    "points at stragglers.")
+        "Iteration time per job (median, p99 and max over ranks)",
+        [target(f"SELECT mean(\"median_ms\") / 1000 AS \"median\", max(\"p99_ms\") / 1000 AS \"p99\", "
+                f"max(\"max_ms\") / 1000 AS \"max\" FROM {ROLLUP_JOB} WHERE {JOB} AND $timeFilter "
+                f"GROUP BY time($__interval), \"job\" fill(none)", alias="$tag_job $col")],
+        lay.place(24, 11), unit="s", lineWidth=3,
+        description="A step here is an L1 change point (orange marks); a gap between the median and "
+                    "the p99 or max points at stragglers.")
     lay.newline()
     incidents = table(
         "Open incidents",
-        [target(f"SELECT \"class\", \"nodes\", \"ranks\", \"stage\", \"ratio\", \"onset_iteration\", \"title\" "
-                f"FROM \"incident\" WHERE \"status\" = 'open' AND {JOB} AND {OPEN_WINDOW} GROUP BY \"job\"",
-                table=True)],
-        lay.place(14, 9), sort_by="Time",
-        description="One row per open incident: fault class, culprit node and ranks, the stage and its "
-                    "ratio to the group median, and since when (Time = onset).")
+        [target(f"SELECT \"class\", \"hosts\", \"ranks\", \"stage\", \"ratio\", \"slowdown\", "
+                f"\"gpu_hours_lost\", \"onset_iteration\", \"title\" FROM {INCIDENT} "
+                f"WHERE \"status\" = 'open' AND {JOB} AND {OPEN_WINDOW} GROUP BY \"job\"", table=True)],
+        lay.place(14, 9), sort_by="gpu_hours_lost",
+        overrides=[{"matcher": {"id": "byName", "options": "gpu_hours_lost"},
+                    "properties": [{"id": "displayName", "value": "GPU-hours lost"},
+                                   {"id": "decimals", "value": 0}]},
+                   {"matcher": {"id": "byName", "options": "slowdown"},
+                    "properties": [{"id": "unit", "value": "x"}, {"id": "decimals", "value": 2}]}],
+        description="One row per open incident, costliest first: fault class, the hosts to drain, culprit "
+                    "ranks, the stage and its ratio to the group median, how much slower the job runs "
+                    "and the GPU-hours lost so far, and since when (Time = onset).")
     suspects = table(
         "Top suspect ranks (ratio to group median)",
-        [target(f"SELECT max(\"ratio\") AS \"ratio\", last(\"value\") AS \"ms\" FROM \"l2_rank\" WHERE {JOB} "
-                f"AND $timeFilter GROUP BY \"job\", \"rank\", \"node\", \"stage\"", table=True)],
+        [target(f"SELECT max(\"ratio\") AS \"ratio\", last(\"value\") AS \"ms\" FROM {source(schema.L2_RANK)} "
+                f"WHERE {JOB} AND $timeFilter GROUP BY \"job\", \"rank\", \"node\", \"stage\"", table=True)],
         lay.place(10, 9), sort_by="ratio",
         description="Ranks whose stage time is furthest from their group's median in the time range.")
     return DashboardSpec(
         uid=UID, title="rankscope / NOC overview",
-        description="Iteration time of every job, open fail-slow incidents, top suspect ranks.",
-        panels=[open_count, worst, iteration, incidents, suspects],
+        description="Iteration time of every job, open fail-slow incidents and their cost, top suspect ranks.",
+        panels=[open_count, worst, slowest, iteration, incidents, suspects],
         variables=[job_variable(multi=True)],
         annotations=[
             InfluxAnnotation("L1 change points",
-                             f"SELECT \"text\", \"magnitude\" FROM \"l1_changepoint\" WHERE {JOB} "
+                             f"SELECT \"text\", \"magnitude\" FROM {source(schema.L1_CHANGEPOINT)} WHERE {JOB} "
                              f"AND \"scope\" = 'job' AND $timeFilter", text_column="text", color="orange"),
             InfluxAnnotation("Incidents",
-                             f"SELECT \"title\", \"text\", \"tags\" FROM \"incident\" WHERE {JOB} AND $timeFilter",
+                             f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE {JOB} AND $timeFilter",
                              text_column="text", title_column="title", tags_column="tags", color="red"),
         ],
-        time_from="now-3h", refresh="30s",
+        time_from="now-6h", refresh="30s",
         links=[dashboard_link("Rank x stage heatmap", "rankscope-heatmap"),
                dashboard_link("L2 groups", "rankscope-l2"),
                dashboard_link("Incident drill-down", "rankscope-incident")],

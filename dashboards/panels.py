@@ -3,7 +3,8 @@
 All panels, variables and annotations query the one InfluxDB data source that
 :mod:`dashboards.provisioning` provisions under the pinned uid
 :data:`DATASOURCE_UID`, in raw InfluxQL (``rawQuery: true``) with Grafana's
-macros (``$timeFilter``, ``$__interval``) and template variables.
+macros (``$timeFilter``, ``$__interval``) and template variables. Every query
+reads a measurement through :func:`source`, which names its retention policy.
 
 grafanalib 0.7.1 writes the legacy (pre-9.1) heatmap model, which Grafana only
 migrates while ``options`` is empty; :func:`rows_heatmap` writes the current
@@ -20,6 +21,8 @@ import attr
 from grafanalib import core as g
 from grafanalib.influxdb import InfluxDBTarget
 
+from rankscope.config import RAW_POLICY, policy_of
+
 #: uid under which the provisioning creates the InfluxDB data source.
 DATASOURCE_UID = "rankscope-influxdb"
 DATASOURCE_NAME = "rankscope InfluxDB"
@@ -27,6 +30,9 @@ DATASOURCE: dict[str, str] = {"type": "influxdb", "uid": DATASOURCE_UID}
 
 #: Most rows a heatmap may ask a browser to draw.
 HEATMAP_MAX_ROWS = 2000
+#: Most cells (rows x columns) a heatmap over every host asks InfluxDB for: the answer's size,
+#: not the points read, is what a wall over hours waits for.
+HEATMAP_MAX_CELLS = 60_000
 #: Grid width of a Grafana dashboard.
 GRID_COLUMNS = 24
 
@@ -61,6 +67,16 @@ class Layout:
         self.y += self.row_h
         self.x = 0
         self.row_h = 0
+
+
+def source(measurement: str) -> str:
+    """The FROM of ``measurement``: ``"long"."incident"`` for what is kept long (InfluxDB 1.x
+    reads a policy other than the database's default only when a query names it; 2.x and 3.x
+    map ``<db>.long`` to the bucket/database ``<bucket>/long``), ``"stage_latency"`` for raw
+    points, which live in the database's default policy (``raw``)."""
+    policy = policy_of(measurement)
+    name = f'"{measurement}"'
+    return name if policy == RAW_POLICY else f'"{policy}".{name}'
 
 
 def target(query: str, ref_id: str = "A", alias: str = "", table: bool = False) -> InfluxDBTarget:

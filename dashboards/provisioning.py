@@ -4,7 +4,7 @@
 mounts as its provisioning folder: ``datasources/`` (the InfluxDB data source
 with its pinned uid), ``dashboards/`` (a file provider pointing at the
 committed JSON, UI edits refused: git is the source of truth) and
-``alerting/`` (the alert rules). :func:`render_all` is deterministic (sorted
+``alerting/`` (the alert rules; the contact points and notification policy). :func:`render_all` is deterministic (sorted
 keys, stable panel ids), so :func:`check` can tell whether the committed files
 drifted from the code.
 """
@@ -21,6 +21,7 @@ import yaml
 from dashboards import heatmap, incident, l2, noc
 from dashboards.alerts import provisioning_document, rankscope_alert_groups
 from dashboards.panels import DATASOURCE_NAME, DATASOURCE_UID, DashboardSpec
+from dashboards.routing import notification_document
 
 #: Folder of this package: the default place of the generated files.
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -138,6 +139,7 @@ def render_all() -> dict[str, str]:
     files[f"{PROVISIONING}/dashboards/rankscope.yaml"] = dump_yaml(dashboard_provider_document(), HEADER)
     files[f"{PROVISIONING}/alerting/rankscope.yaml"] = dump_yaml(
         provisioning_document(rankscope_alert_groups()), HEADER)
+    files[f"{PROVISIONING}/alerting/notifications.yaml"] = dump_yaml(notification_document(), HEADER)
     return files
 
 

@@ -131,6 +131,10 @@ L1_CHANGEPOINT = "l1_changepoint"
 L2_GROUP = "l2_group"
 L2_RANK = "l2_rank"
 INCIDENT = "incident"
+#: Rollups the analyzer writes for the dashboards and alert rules (analyzer/rollups.py).
+ROLLUP_HOST = "rollup_host"
+ROLLUP_JOB = "rollup_job"
+INCIDENT_HOST = "incident_host"
 
 #: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
 #: and host). ``host`` (the machine's host name) and ``gpu`` (the local device index) are
@@ -240,6 +244,27 @@ MEASUREMENTS: dict[str, Measurement] = {
          "iteration_s_if_restored": "float"},
         "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved); "
         "impact fields: what the incident costs the job (see rankscope.incident.Impact)",
+    ),
+    ROLLUP_HOST: Measurement(
+        ROLLUP_HOST, ("job", "host", "node", "pp"),
+        {ITERATION_FIELD: "int", "ranks": "int", ITERATION_MS_FIELD: "float", "iteration_ms_max": "float",
+         "<stage>": "float", "<stage>_max": "float"},
+        "per iteration and host (node id, pp stage): each stage's mean (<stage>) and max (<stage>_max) "
+        "over the host's ranks (ms), their iteration time, how many reported; time = the iteration's",
+    ),
+    ROLLUP_JOB: Measurement(
+        ROLLUP_JOB, ("job",),
+        {ITERATION_FIELD: "int", "ranks": "int", "median_ms": "float", "p99_ms": "float", "max_ms": "float",
+         "slowest_rank": "int", "slowest_node": "int", "slowest_host": "str"},
+        "per iteration: the iteration time's median, p99 and max over the ranks and the slowest rank; "
+        "time = the iteration's",
+    ),
+    INCIDENT_HOST: Measurement(
+        INCIDENT_HOST, ("job", "id", "class", "host"),
+        {"status": "str", "stage": "str", "title": "str", "ratio": "float", "onset_iteration": "int",
+         "slowdown": "float", "gpu_hours_lost": "float"},
+        "one point per incident and culprit host (what alert rules label alerts with); time = onset, "
+        "rewritten in place as the incident evolves",
     ),
 }
 

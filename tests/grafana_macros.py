@@ -207,6 +207,31 @@ def _sort(values: list[str], order: int) -> list[str]:
     return values
 
 
+@dataclass(frozen=True)
+class PanelQuery:
+    """One query of a dashboard as Grafana sends it: where it comes from and its text."""
+
+    where: str
+    query: str
+
+
+def dashboard_queries(model: dict, variables: dict[str, Variable], time_range: TimeRange,
+                      default_min_interval: str | None = None) -> list[PanelQuery]:
+    """Every panel target and annotation query of a dashboard, macros and variables filled as
+    Grafana fills them (each panel's ``$__interval`` from its maxDataPoints and minimum interval,
+    else the data source's)."""
+    out = []
+    for panel in model["panels"]:
+        interval = panel_interval_ms(time_range, panel.get("maxDataPoints"),
+                                     panel.get("interval") or default_min_interval)
+        for t in panel.get("targets", []):
+            out.append(PanelQuery(f"panel {panel['id']} {panel['title']!r} {t['refId']}",
+                                  interpolate(t["query"], variables, time_range, interval)))
+    for ann in model["annotations"]["list"]:
+        out.append(PanelQuery(f"annotation {ann['name']!r}", interpolate(ann["query"], variables, time_range, 1000)))
+    return out
+
+
 def resolve_variables(model: dict, run: Callable[[str], QueryResult], time_range: TimeRange,
                       queries: list[tuple[str, str, QueryResult]] | None = None) -> dict[str, Variable]:
     """Every template variable of a dashboard model, resolved in order as Grafana does.

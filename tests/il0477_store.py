@@ -1,13 +1,18 @@
 """A real InfluxDB database filled with the IL-0477 incident, shared by the dashboard and report tests.
 
+The database is created with rankscope's retention (raw points 7 days in the
+default policy ``raw``, everything else 400 days in ``long``), as a deployment has it.
 When the simulator (``simulator.cluster``) and the analyzer (``analyzer.cycle``)
-are importable, the database is filled by them: 40 iterations of the IL-0477
-scenario, then one analyzer cycle. Until then (or with
+are importable, it is filled by them: 40 iterations of the IL-0477 scenario,
+then one analyzer cycle (which also writes the rollups). Until then (or with
 ``RANKSCOPE_TEST_DASHBOARD_DATA=schema``) it is filled with points written
 here that follow :mod:`rankscope.schema` and the incident write-up: mlp of
-ranks 10352-10359 at 170-280 ms from iteration 20, reduce_scatter short at dp
+ranks 10352-10359 at 170-280 ms from the onset, reduce_scatter short at dp
 256-287 of every pp stage, iteration time 30 s -> 90 s, the "server port down"
-event, and the analyzer's measurements (l1_changepoint, l2_group, l2_rank, incident).
+event, the analyzer's measurements (l1_changepoint, l2_group, l2_rank, incident,
+incident_host) and the rollups (rollup_host, rollup_job). The dashboards benchmark
+writes the same points at any length (``write_schema_points(iterations=720)``),
+generated and written a chunk of iterations at a time.
 """
 
 from __future__ import annotations
@@ -22,16 +27,23 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analyzer.rollups import incident_host_frame, rollup_frames
 from rankscope import schema
-from rankscope.frames import cube_to_frame
+from rankscope.config import Retention
+from rankscope.frames import LatencyCube, cube_to_frame
+from rankscope.incident import Impact, Incident, IncidentClass
 from rankscope.store import InfluxStore
 from rankscope.topology import Topology, format_ranks
 
-TOPOLOGY = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8)
+#: The job's topology, host names as the simulator makes them.
+TOPOLOGY = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8, host_pattern="gpu-node-{node:05d}")
 ITERATIONS = 40
 ONSET = 20
 CULPRITS = np.arange(10352, 10360)
 STEP_MS = 60_000
+#: Iterations generated and written at once (a multiple of the L2 window).
+CHUNK = 20
+L2_WINDOW = 5
 
 
 @dataclass
@@ -61,7 +73,7 @@ def pipeline_available() -> bool:
 
 def fill(url: str) -> IncidentData:
     db = f"dash_{uuid.uuid4().hex[:10]}"
-    store = InfluxStore(url, bucket=db, api="v1")
+    store = InfluxStore(url, bucket=db, api="v1", retention=Retention())
     start_ms = (int(time.time() * 1000) - 3 * 3600_000) // 60_000 * 60_000
     if pipeline_available():
         load_scenario = importlib.import_module("simulator.scenario").load_scenario
@@ -81,16 +93,17 @@ def fill(url: str) -> IncidentData:
 
 
 # ------------------------------------------------------------------ fallback
-def _stage_cube(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """values[iteration, rank, stage] and iteration_ms[iteration, rank] of the incident."""
+def stage_cube(rng: np.random.Generator, iterations: np.ndarray, onset: int = ONSET
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """values[iteration, rank, stage] and iteration_ms[iteration, rank] of the incident at ``iterations``."""
     topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
     base = {"attention": 25.0, "mlp": 40.0, "dispatch": 8.0, "combine": 8.0, "pp_send": 5.0,
             "pp_recv": 5.0, "reduce_scatter": 60.0, "all_gather": 40.0, "optimizer": 12.0, "dataloader": 3.0}
-    shape = (ITERATIONS, topo.world)
+    shape = (len(iterations), topo.world)
     values = np.stack([base[s] * rng.uniform(0.9, 1.1, shape) for s in stages], axis=-1)
     mlp, rs, dispatch = stages.index("mlp"), stages.index("reduce_scatter"), stages.index("dispatch")
     values[:, :, mlp] = rng.uniform(30, 50, shape)
-    after = np.arange(ITERATIONS) >= ONSET
+    after = np.asarray(iterations) >= onset
     values[np.ix_(after, CULPRITS, [mlp])] = rng.uniform(170, 280, (after.sum(), CULPRITS.size, 1))
     group = topo.group_ranks("ep", int(CULPRITS[0]))
     others = np.setdiff1d(group, CULPRITS)
@@ -102,67 +115,87 @@ def _stage_cube(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return values, it_ms
 
 
-def write_schema_points(store: InfluxStore, job: str, start_ms: int) -> None:
-    rng = np.random.default_rng(477)
+def _l2_points(job: str, values: np.ndarray, time_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """l2_group (every EP group, mlp and dispatch) and l2_rank (mlp over 2x) of one window."""
     topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
-    values, it_ms = _stage_cube(rng)
-    times = start_ms + np.arange(ITERATIONS) * STEP_MS
-    frames = [cube_to_frame(job, topo, i, int(times[i]), values[i], stages, it_ms[i]) for i in range(ITERATIONS)]
-    store.write_stage_latency(pd.concat(frames, ignore_index=True))
-    onset_ms = int(times[ONSET])
+    window = values.mean(axis=0)
+    members = topo.members("ep")
+    rows = []
+    for stage in ("mlp", "dispatch"):
+        v = window[:, stages.index(stage)][members]
+        mean, std, med = v.mean(axis=1), v.std(axis=1), np.median(v, axis=1)
+        cv = std / mean
+        rows.append(pd.DataFrame({
+            "time": time_ms, "job": job, "group_type": "ep", "group_id": np.arange(len(members)),
+            "stage": stage, "cv": cv, "mean": mean, "median": med, "min": v.min(axis=1),
+            "max": v.max(axis=1), "std": std, "size": members.shape[1],
+            "anomalous": (cv > 0.8).astype(np.int64)}))
+    gid = topo.group_ids("ep")
+    mlp_all = window[:, stages.index("mlp")]
+    ratio = mlp_all / np.median(mlp_all[members], axis=1)[gid]
+    flagged = np.flatnonzero(ratio > 2.0)
+    ranks = pd.DataFrame({
+        "time": time_ms, "job": job, "rank": flagged, "stage": "mlp",
+        "node": flagged // topo.gpus_per_node, "value": mlp_all[flagged], "ratio": ratio[flagged],
+        "z": (ratio[flagged] - 1) * 10, "baseline_ratio": 1.0, "group_type": "ep", "group_id": gid[flagged]})
+    return pd.concat(rows, ignore_index=True), ranks
+
+
+def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations: int = ITERATIONS,
+                        onset: int = ONSET, step_ms: int = STEP_MS, seed: int = 477) -> None:
+    """The incident's raw points, rollups and analyzer outputs, ``CHUNK`` iterations at a time."""
+    if onset % L2_WINDOW or not 0 < onset < iterations:
+        raise ValueError(f"onset {onset} must be a multiple of {L2_WINDOW} inside the {iterations} iterations")
+    rng = np.random.default_rng(seed)
+    topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
+    times = start_ms + np.arange(iterations, dtype=np.int64) * step_ms
+    last_window = None
+    for first in range(0, iterations, CHUNK):
+        its = np.arange(first, min(first + CHUNK, iterations))
+        values, it_ms = stage_cube(rng, its, onset)
+        frames = [cube_to_frame(job, topo, int(i), int(times[i]), values[k], stages, it_ms[k])
+                  for k, i in enumerate(its)]
+        store.write_stage_latency(pd.concat(frames, ignore_index=True))
+        cube = LatencyCube(its, times[its], list(stages), values, it_ms)
+        for name, frame in rollup_frames(job, topo, cube).items():
+            store.write_measurement(name, frame)
+        # L2 over the windows of L2_WINDOW iterations after the onset (ending at 24, 29, ... for onset 20)
+        for end in its[(its >= onset + L2_WINDOW - 1) & ((its - onset) % L2_WINDOW == L2_WINDOW - 1)]:
+            k = int(end - first)
+            group, ranks = _l2_points(job, values[k - L2_WINDOW + 1:k + 1], int(times[end]))
+            store.write_measurement(schema.L2_GROUP, group)
+            store.write_measurement(schema.L2_RANK, ranks)
+            last_window = values[k - L2_WINDOW + 1:k + 1]
+    onset_ms = int(times[onset])
     node = int(CULPRITS[0] // topo.gpus_per_node)
+    event_at = min(onset + 2, iterations - 1)
     store.write_measurement(schema.EVENT, pd.DataFrame({
-        "time": [int(times[ONSET + 2])], "job": job, "name": "server_port_down", "node": str(node),
+        "time": [int(times[event_at])], "job": job, "name": "server_port_down", "node": str(node),
         "severity": "warning", "source": "netmon", "rank": [-1], "text": "server port down", "value": [1]}))
     store.write_measurement(schema.L1_CHANGEPOINT, pd.DataFrame({
-        "time": [onset_ms], "job": job, "scope": "job", "rank": "-1", "kind": "step", "iteration": [ONSET],
+        "time": [onset_ms], "job": job, "scope": "job", "rank": "-1", "kind": "step", "iteration": [onset],
         "before_ms": [30_000.0], "after_ms": [90_000.0], "magnitude": [3.0], "ranks_affected": [topo.world],
         "recovered_iteration": [-1], "text": "iteration time 30.0 s -> 90.0 s (x3.0)"}))
-    # L2 over the windows that end at iterations 24, 29, 34, 39: every EP group, mlp and dispatch.
-    members = topo.members("ep")
-    rows, rank_rows = [], []
-    for end in (24, 29, 34, 39):
-        window = values[end - 4:end + 1].mean(axis=0)
-        for stage in ("mlp", "dispatch"):
-            v = window[:, stages.index(stage)][members]
-            mean, std, med = v.mean(axis=1), v.std(axis=1), np.median(v, axis=1)
-            cv = std / mean
-            rows.append(pd.DataFrame({
-                "time": int(times[end]), "job": job, "group_type": "ep", "group_id": np.arange(len(members)),
-                "stage": stage, "cv": cv, "mean": mean, "median": med, "min": v.min(axis=1),
-                "max": v.max(axis=1), "std": std, "size": members.shape[1],
-                "anomalous": (cv > 0.8).astype(np.int64)}))
-        gid = topo.group_ids("ep")
-        mlp_all = window[:, stages.index("mlp")]
-        med_all = np.median(mlp_all[members], axis=1)[gid]
-        ratio = mlp_all / med_all
-        flagged = np.flatnonzero(ratio > 2.0)
-        rank_rows.append(pd.DataFrame({
-            "time": int(times[end]), "job": job, "rank": flagged, "stage": "mlp",
-            "node": flagged // topo.gpus_per_node, "value": mlp_all[flagged], "ratio": ratio[flagged],
-            "z": (ratio[flagged] - 1) * 10, "baseline_ratio": 1.0, "group_type": "ep",
-            "group_id": gid[flagged]}))
-    store.write_measurement(schema.L2_GROUP, pd.concat(rows, ignore_index=True))
-    store.write_measurement(schema.L2_RANK, pd.concat(rank_rows, ignore_index=True))
     group = topo.group_ranks("ep", int(CULPRITS[0]))
     gid = int(topo.group_ids("ep")[CULPRITS[0]])
-    window = values[35:40].mean(axis=0)[:, stages.index("mlp")]
+    window = (last_window if last_window is not None else values).mean(axis=0)[:, stages.index("mlp")]
     culprit_ms, group_median = float(window[CULPRITS].mean()), float(np.median(window[group]))
     events = [{"name": "server port down", "node": node, "verdict": "contradicted",
                "reason": "only compute-only stages (mlp) are slow on the node; its collectives are not"}]
     evidence = {"stage": "mlp", "ratio": round(culprit_ms / group_median, 2), "culprit_ms": round(culprit_ms, 1),
                 "group_median_ms": round(group_median, 1),
                 "group": {"type": "ep", "id": gid, "ranks": format_ranks(group)}}
-    store.write_measurement(schema.INCIDENT, pd.DataFrame({
-        "time": [onset_ms], "job": job, "id": f"{job}-{ONSET}-n{node}", "class": "compute_straggler",
-        "title": f"Compute straggler: node {node} (ranks {format_ranks(CULPRITS)}) mlp x{evidence['ratio']}",
-        "text": "mlp of ranks 10352-10359 is far above their EP group's median; the network event is "
-                "contradicted by the evidence.",
-        "tags": "rankscope,compute_straggler,node-1294", "status": "open", "ranks": format_ranks(CULPRITS),
-        "nodes": str(node), "stage": "mlp", "ratio": [evidence["ratio"]], "group_type": "ep",
-        "group_ranks": format_ranks(group), "onset_iteration": [ONSET], "resolved_iteration": [-1],
-        "events": json.dumps(events), "evidence": json.dumps(evidence),
-        "updated_ms": [int(times[-1])]}))
+    after_h = (iterations - onset) * step_ms / 3_600_000
+    inc = Incident(id=f"cs-{onset}-r{int(CULPRITS[0])}", job=job, cls=IncidentClass.COMPUTE_STRAGGLER,
+                   ranks=CULPRITS.tolist(), nodes=[node], stage="mlp", ratio=evidence["ratio"], group_type="ep",
+                   group_ranks=group.tolist(), onset_iteration=onset, onset_ms=onset_ms,
+                   evidence=evidence, updated_ms=int(times[-1]), hosts=topo.hosts_of(CULPRITS) or [],
+                   impact=Impact(30.0, 90.0, 3.0, topo.world * after_h * 2 / 3, 30.3))
+    row = inc.to_row() | {"text": "mlp of ranks 10352-10359 is far above their EP group's median; the network "
+                                  "event is contradicted by the evidence.",
+                          "events": json.dumps(events)}
+    store.write_measurement(schema.INCIDENT, pd.DataFrame([row]))
+    store.write_measurement(schema.INCIDENT_HOST, incident_host_frame([inc]))
 
 
 _FILLED: dict[str, IncidentData] = {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import yaml
 
 from dashboards import provisioning
 from rankscope.cli import build_parser
-from rankscope.config import store_settings
+from rankscope.config import LONG_POLICY, RAW_POLICY, Retention, store_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -31,7 +33,7 @@ def _substitute(value: str) -> str:
 
 
 def test_services_and_pinned_images():
-    assert set(SERVICES) == {"influxdb", "grafana", "collector", "analyzer", "events"}
+    assert set(SERVICES) == {"influxdb", "influxdb-setup", "grafana", "collector", "analyzer", "events"}
     assert SERVICES["influxdb"]["image"] == "influxdb:2.9"
     assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", SERVICES["grafana"]["image"])
     for name in ("collector", "analyzer", "events"):
@@ -128,3 +130,81 @@ def test_dockerfile_installs_every_package_of_the_project():
     include = re.search(r"include = \[(.*?)\]", pyproject).group(1)
     assert {p.strip(' "*') for p in include.split(",")} == set(packages)
     assert "USER " in text
+
+
+# ----------------------------------------------------------- retention and alert routing
+def test_raw_and_long_buckets_take_their_retention_from_the_env_file():
+    assert _substitute(_env("influxdb")["DOCKER_INFLUXDB_INIT_RETENTION"]) == ENV_EXAMPLE["RANKSCOPE_RAW_RETENTION"]
+    setup = {k: _substitute(v) for k, v in _env("influxdb-setup").items()}
+    assert (setup["RAW_RETENTION"], setup["LONG_RETENTION"]) == ("7d", "400d") == (
+        ENV_EXAMPLE["RANKSCOPE_RAW_RETENTION"], ENV_EXAMPLE["RANKSCOPE_LONG_RETENTION"])
+    assert setup["BUCKET"] == "rankscope" and setup["INFLUX_HOST"] == "http://influxdb:8086"
+    assert SERVICES["influxdb-setup"]["image"] == SERVICES["influxdb"]["image"]   # the same influx CLI
+    assert SERVICES["influxdb-setup"]["depends_on"]["influxdb"]["condition"] == "service_healthy"
+    for name in ("grafana", "collector", "analyzer", "events"):   # nothing writes or reads before it ran
+        assert SERVICES[name]["depends_on"]["influxdb-setup"]["condition"] == "service_completed_successfully"
+
+
+@pytest.mark.parametrize("name", ["collector", "analyzer", "events"])
+def test_rankscope_services_route_to_the_long_bucket_with_the_env_files_durations(name):
+    settings = store_settings(env={k: _substitute(v) for k, v in _env(name).items()})
+    assert settings.retention == Retention("7d", "400d")
+
+
+_INFLUX_STUB = """#!/bin/sh
+# a stand-in influx CLI: buckets and DBRP mappings in files, every call logged
+echo "$*" >> "$STATE/calls"
+case "$1 $2" in
+  "bucket list") grep -F -x -- "$4" "$STATE/buckets" >/dev/null 2>&1 && printf 'id-%s\t%s\t7d\n' "$4" "$4" ;;
+  "bucket create") echo "$4" >> "$STATE/buckets" ;;
+  "bucket update") ;;
+  "v1 dbrp") case "$3" in
+      list) grep -F -x -- "$5 $7" "$STATE/dbrps" 2>/dev/null || true ;;
+      create) echo "$5 $7" >> "$STATE/dbrps" ;;
+    esac ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def test_influxdb_setup_makes_the_long_bucket_and_both_mappings_once(tmp_path):
+    """The setup step's shell, run with a stub influx CLI, twice (it runs on every `up`)."""
+    svc = SERVICES["influxdb-setup"]
+    assert svc["entrypoint"][:2] == ["/bin/sh", "-euc"]
+    script = svc["command"][0].replace("$$", "$")   # compose's escape of a literal $
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "buckets").write_text("rankscope\n")   # made by the image's DOCKER_INFLUXDB_INIT_*
+    stub = tmp_path / "bin" / "influx"
+    stub.parent.mkdir()
+    stub.write_text(_INFLUX_STUB)
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "STATE": str(state),
+           **{k: _substitute(v) for k, v in _env("influxdb-setup").items()}}
+    for _ in range(2):
+        subprocess.run([shutil.which("sh"), "-euc", script], env=env, check=True, timeout=30)
+    calls = (state / "calls").read_text().splitlines()
+    assert (state / "buckets").read_text().split() == ["rankscope", f"rankscope/{LONG_POLICY}"]
+    assert [c for c in calls if c.startswith("bucket create")] == [
+        "bucket create --name rankscope/long --retention 400d"]
+    updates = [c for c in calls if c.startswith("bucket update")]
+    assert updates[:2] == ["bucket update --id id-rankscope --retention 7d",
+                           "bucket update --id id-rankscope/long --retention 400d"] and len(updates) == 4
+    assert (state / "dbrps").read_text().split("\n")[:2] == [f"rankscope {RAW_POLICY}", f"rankscope {LONG_POLICY}"]
+    creates = [c for c in calls if c.startswith("v1 dbrp create")]
+    assert creates == ["v1 dbrp create --db rankscope --rp raw --default --bucket-id id-rankscope",
+                       "v1 dbrp create --db rankscope --rp long --bucket-id id-rankscope/long"]
+
+
+def test_grafana_gets_every_variable_the_contact_points_read():
+    text = (ROOT / "dashboards/provisioning/alerting/notifications.yaml").read_text()
+    wanted = set(INTERPOLATION.findall(text))
+    assert wanted == {"RANKSCOPE_ALERT_WEBHOOK_URL", "RANKSCOPE_EVENTS_URL", "RANKSCOPE_EVENTS_TOKEN"}
+    env = _env("grafana")
+    assert wanted <= set(env)
+    # the events contact point is the events service's Grafana endpoint, with the receiver's own token
+    host, port = build_parser().parse_args(SERVICES["events"]["command"][1:]).listen
+    assert env["RANKSCOPE_EVENTS_URL"] == f"http://events:{port}/grafana"
+    assert env["RANKSCOPE_EVENTS_TOKEN"] == _env("events")["RANKSCOPE_EVENTS_TOKEN"]
+    assert env["RANKSCOPE_ALERT_WEBHOOK_URL"].startswith("${RANKSCOPE_ALERT_WEBHOOK_URL:?")   # required
+

@@ -9,11 +9,20 @@ import pytest
 import yaml
 
 from dashboards import provisioning
-from dashboards.alerts import AlertRule, InfluxQuery, Reduce, Threshold
-from dashboards.panels import GRID_COLUMNS, HEATMAP_MAX_ROWS, Layout, rows_heatmap
+from dashboards.alerts import AlertRule, InfluxQuery, Reduce, Threshold, rankscope_alert_groups
+from dashboards.panels import (
+    GRID_COLUMNS,
+    HEATMAP_MAX_CELLS,
+    HEATMAP_MAX_ROWS,
+    Layout,
+    rows_heatmap,
+)
 from dashboards.provisioning import dump_yaml
+from dashboards.routing import Route
 from dashboards.variables import IL0477_TOPOLOGY
+from rankscope import schema
 from rankscope.cli import main
+from rankscope.config import LONG_POLICY, RAW_MEASUREMENTS, policy_of
 
 MODELS = provisioning.dashboard_models()
 FILES = provisioning.render_all()
@@ -141,6 +150,7 @@ def test_alert_file_has_grafana_file_provisioning_shape():
         rules += grp["rules"]
     assert {r["uid"] for r in rules} == {"rankscope-l1-step", "rankscope-l2-group-cv",
                                          "rankscope-l2-culprit-node", "rankscope-incident-open"}
+    assert set(FILES) >= {f"{provisioning.PROVISIONING}/alerting/{f}.yaml" for f in ("rankscope", "notifications")}
     for r in rules:
         assert "grafana_alert" not in r
         for key in ("uid", "title", "condition", "for", "noDataState", "execErrState", "labels",
@@ -195,3 +205,172 @@ def test_yaml_writer_round_trips_strings(value):
     doc = {"k": value, "list": [value, {"inner": value}], "n": 3, "f": 0.8, "b": False, "none": None,
            "empty": {}, "nothing": []}
     assert yaml.safe_load(dump_yaml(doc, "header line")) == doc
+
+
+# ------------------------------------------------------ what the queries read, and where
+def _all_queries() -> list[tuple[str, str]]:
+    """(where, query) of every panel target, query variable and annotation, and every alert rule."""
+    out = []
+    for name, model in MODELS.items():
+        for p in model["panels"]:
+            out += [(f"{name} panel {p['title']}", t["query"]) for t in p.get("targets", [])]
+        out += [(f"{name} variable {v['name']}", v["query"]) for v in model["templating"]["list"]
+                if v["type"] == "query"]
+        out += [(f"{name} annotation {a['name']}", a["query"]) for a in model["annotations"]["list"]]
+    for grp in _provisioned("alerting/rankscope.yaml")["groups"]:
+        out += [(f"alert {r['uid']}", r["data"][0]["model"]["query"]) for r in grp["rules"]]
+    return out
+
+
+FROM = re.compile(r'\bFROM\s+((?:"[^"]+"\.)?"[^"]+")')
+
+
+def test_every_query_names_the_retention_policy_of_what_it_reads():
+    """Rollups and analyzer outputs are read from "long"; raw points from the database's default
+    policy (raw): a query that named neither would read a policy nobody writes to."""
+    queries = _all_queries()
+    assert len(queries) > 30
+    for where, q in queries:
+        sources = FROM.findall(q)
+        assert sources, (where, q)
+        for src in sources:
+            parts = [p.strip('"') for p in src.split(".")]
+            measurement = parts[-1]
+            assert measurement in schema.MEASUREMENTS, (where, src)
+            if policy_of(measurement) == LONG_POLICY:
+                assert parts == [LONG_POLICY, measurement], (where, src)
+            else:
+                assert parts == [measurement], (where, src)
+
+
+def test_raw_points_are_read_only_by_bounded_drill_downs():
+    """The NOC, every overview panel and every alert rule read rollups; a query on raw points is
+    bounded to the ranks of the chosen dp ranges (at most 16 EP groups)."""
+    raw = [(w, q) for w, q in _all_queries() if any(f'"{m}"' in FROM.findall(q)[0] for m in RAW_MEASUREMENTS)]
+    assert raw and all(w.startswith("heatmap panel") for w, _ in raw), [w for w, _ in raw]
+    for where, q in raw:
+        assert '"ep_group" =~ /^$dp$/' in q, where
+    by_node = next(p for p in MODELS["heatmap"]["panels"] if p["rankscope"]["rowTag"] == "node")
+    assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}"' in by_node["targets"][0]["query"]
+    # few enough columns that the answer over hours stays small: rows x columns within the budget
+    assert by_node["rankscope"]["maxRows"] * by_node["maxDataPoints"] <= HEATMAP_MAX_CELLS
+
+
+# ---------------------------------------------------------------------- alert routing
+NOTIFICATIONS = _provisioned("alerting/notifications.yaml")
+
+
+def _route(node: dict, labels: dict[str, str]) -> list[tuple[str, dict]]:
+    """Alertmanager's routing of one alert: (receiver, effective settings) of every route that
+    takes it (the deepest matching one; siblings after a match only with continue)."""
+    def matches(route: dict) -> bool:
+        for label, op, value in route.get("object_matchers", []):
+            have = labels.get(label, "")
+            ok = {"=": have == value, "!=": have != value,
+                  "=~": re.fullmatch(value, have) is not None, "!~": re.fullmatch(value, have) is None}[op]
+            if not ok:
+                return False
+        return True
+
+    def walk(route: dict, inherited: dict) -> list[tuple[str, dict]]:
+        settings = {**inherited, **{k: route[k] for k in ("receiver", "group_by", "group_wait",
+                                                          "group_interval", "repeat_interval") if k in route}}
+        taken: list[tuple[str, dict]] = []
+        for child in route.get("routes", []):
+            if matches(child):
+                taken += walk(child, settings)
+                if not child.get("continue"):
+                    break
+        return taken or [(settings["receiver"], settings)]
+
+    return walk(node, {})
+
+
+def test_contact_points_are_webhooks_whose_addresses_and_secrets_come_from_the_environment():
+    assert NOTIFICATIONS["apiVersion"] == 1
+    points = NOTIFICATIONS["contactPoints"]
+    uids = [r["uid"] for p in points for r in p["receivers"]]
+    assert len(uids) == len(set(uids)) and all(len(u) <= 40 for u in uids)
+    for p in points:
+        assert p["orgId"] == 1 and p["name"]
+        for r in p["receivers"]:
+            assert r["type"] == "webhook" and re.fullmatch(r"\$\{[A-Z_]+\}", r["settings"]["url"])
+            assert all(re.fullmatch(r"\$\{[A-Z_]+\}|POST|Bearer", str(v)) for v in r["settings"].values())
+    events = next(p for p in points if p["name"] == "rankscope-events")["receivers"][0]["settings"]
+    assert events["authorization_credentials"] == "${RANKSCOPE_EVENTS_TOKEN}"   # the receiver requires it
+
+
+def test_every_route_sends_to_a_provisioned_contact_point_and_matches_real_labels():
+    (policy,) = NOTIFICATIONS["policies"]
+    names = {p["name"] for p in NOTIFICATIONS["contactPoints"]}
+
+    def routes(node):
+        yield node
+        for child in node.get("routes", []):
+            yield from routes(child)
+
+    rules = [r for grp in rankscope_alert_groups() for r in grp.rules]
+    labels_of_rules = {"severity", "source", "alertname"} | {
+        t for r in rules for t in re.findall(r'"(\w+)"', r.query.query.split("GROUP BY")[-1])}
+    for node in routes(policy):
+        assert node["receiver"] in names
+        for label, op, _ in node.get("object_matchers", []):
+            assert op in ("=", "!=", "=~", "!~") and label in labels_of_rules, (label, op)
+    for r in rules:   # grouping by job needs every rule to label its alerts with the job
+        assert '"job"' in r.query.query.split("GROUP BY")[-1], r.uid
+
+
+@pytest.mark.parametrize("labels,receivers,repeat,group_by", [
+    ({"source": "rankscope", "severity": "critical", "class": "compute_straggler", "job": "il-0477",
+      "host": "gpu-node-01294", "id": "cs-30-r10352"}, ["rankscope-noc"], "1h", ["job"]),
+    ({"source": "rankscope", "severity": "critical", "class": "transient_stall", "job": "j"},
+     ["rankscope-noc"], "12h", ["job"]),
+    ({"source": "rankscope", "severity": "critical", "job": "j", "node": "1294", "stage": "mlp"},
+     ["rankscope-noc"], "1h", ["job"]),
+    ({"source": "rankscope", "severity": "warning", "job": "j", "stage": "mlp"}, ["rankscope-noc"], "4h", ["job"]),
+    # another monitor's alert: to the events receiver (the analyzer judges it) and to the NOC
+    ({"alertname": "server port down", "instance": "gpu-node-01294:9100", "severity": "warning"},
+     ["rankscope-events", "rankscope-noc"], None, None),
+])
+def test_notification_policy_routes_by_source_class_and_severity_grouped_by_job(labels, receivers, repeat, group_by):
+    (policy,) = NOTIFICATIONS["policies"]
+    taken = _route(policy, labels)
+    assert [r for r, _ in taken] == receivers
+    if repeat:
+        (_, settings), = taken
+        assert settings["repeat_interval"] == repeat and settings["group_by"] == group_by
+        assert settings["group_wait"] in ("30s", "2m", "5m")
+    else:   # rankscope's own alerts never reach the events receiver (an incident confirming itself)
+        assert all(r != "rankscope-events" for r, _ in _route(policy, {"source": "rankscope", "job": "j"}))
+
+
+def test_a_route_to_an_unknown_contact_point_or_operator_is_refused():
+    with pytest.raises(ValueError, match="unknown operator"):
+        Route("rankscope-noc", matchers=(("class", "==", "x"),))
+    from dashboards import routing
+
+    bad = Route("nobody")
+    original = routing.notification_policy
+    routing.notification_policy = lambda: bad
+    try:
+        with pytest.raises(ValueError, match="unknown contact point"):
+            routing.notification_document()
+    finally:
+        routing.notification_policy = original
+
+
+def test_every_alert_links_to_the_incident_drill_down_with_its_variables_set():
+    rules = {r["uid"]: r for grp in _provisioned("alerting/rankscope.yaml")["groups"] for r in grp["rules"]}
+    for uid, r in rules.items():
+        link = r["annotations"]["dashboard"]
+        assert link.startswith("/d/rankscope-incident?var-job={{ $labels.job }}"), uid
+        group_by = set(re.findall(r'"(\w+)"', r["data"][0]["model"]["query"].split("GROUP BY")[-1]))
+        for text in r["annotations"].values():   # every label a template names is one the query groups by
+            assert set(re.findall(r"\$labels\.(\w+)", text)) <= group_by, (uid, text)
+    assert rules["rankscope-incident-open"]["annotations"]["dashboard"] == (
+        "/d/rankscope-incident?var-job={{ $labels.job }}&var-incident={{ $labels.id }}")
+    assert rules["rankscope-l2-culprit-node"]["annotations"]["view"] == (
+        "/d/rankscope-heatmap?var-job={{ $labels.job }}&var-stage={{ $labels.stage }}")
+    incident_by = rules["rankscope-incident-open"]["data"][0]["model"]["query"].split("GROUP BY")[-1]
+    assert all(f'"{label}"' in incident_by for label in ("job", "class", "host"))   # labels for routing
+

@@ -1,20 +1,28 @@
 """Every generated query, with Grafana's macros substituted as Grafana does, runs
-against a real InfluxDB holding the IL-0477 incident and returns rows."""
+against a real InfluxDB holding the IL-0477 incident (with rankscope's retention
+policies) and returns rows; none reads raw points older than the raw policy."""
 
 from __future__ import annotations
 
+import time
+import urllib.parse
+import urllib.request
+
+import numpy as np
 import pytest
 
 from dashboards import provisioning
 from dashboards.alerts import rankscope_alert_groups
 from dashboards.panels import HEATMAP_MAX_ROWS
+from rankscope import schema
+from rankscope.store import StoreError
 from rankscope.topology import parse_ranks
 from tests.grafana_macros import (
     QueryResult,
     TimeRange,
+    dashboard_queries,
     influx_query,
     interpolate,
-    panel_interval_ms,
     resolve_variables,
 )
 from tests.il0477_store import TOPOLOGY, IncidentData, shared_incident
@@ -42,19 +50,14 @@ def _run_dashboard(data: IncidentData, model: dict) -> list[tuple[str, str, Quer
     return _RAN[key]
 
 
-def _run_dashboard_queries(data: IncidentData, model: dict) -> list[tuple[str, str, QueryResult]]:
-    tr = _dashboard_time_range(data)
+def _run_dashboard_queries(data: IncidentData, model: dict,
+                           tr: TimeRange | None = None) -> list[tuple[str, str, QueryResult]]:
+    tr = tr or _dashboard_time_range(data)
     run = lambda q: influx_query(data.url, data.db, q)  # noqa: E731
     ran: list[tuple[str, str, QueryResult]] = []
     variables = resolve_variables(model, run, tr, ran)
-    for panel in model["panels"]:
-        interval = panel_interval_ms(tr, panel.get("maxDataPoints"), panel.get("interval") or DATASOURCE_MIN_INTERVAL)
-        for t in panel.get("targets", []):
-            q = interpolate(t["query"], variables, tr, interval)
-            ran.append((f"panel {panel['id']} {panel['title']!r} {t['refId']}", q, run(q)))
-    for ann in model["annotations"]["list"]:
-        q = interpolate(ann["query"], variables, tr, 1000)
-        ran.append((f"annotation {ann['name']!r}", q, run(q)))
+    for pq in dashboard_queries(model, variables, tr, DATASOURCE_MIN_INTERVAL):
+        ran.append((pq.where, pq.query, run(pq.query)))
     return ran
 
 
@@ -109,6 +112,78 @@ def test_alert_rule_query_returns_rows_and_fires_on_il0477(il0477, rule):
     reduced = [reducer([r[1] for r in s["values"] if r[1] is not None]) for s in res.series]
     assert _threshold_fires(reduced, rule.threshold.op, rule.threshold.value), (rule.uid, reduced)
     for s in res.series:  # the labels the annotations template on exist in every series
-        for label in ("job", "node", "stage", "id", "class", "group_type"):
+        for label in ("job", "node", "stage", "id", "class", "group_type", "host"):
             if "{{ $labels." + label in rule.summary + rule.description:
                 assert label in s["tags"], (rule.uid, label)
+    if rule.uid == "rankscope-incident-open":   # one alert per culprit host, labelled with it
+        assert {s["tags"]["host"] for s in res.series} == {"gpu-node-01294"}
+        assert {s["tags"]["class"] for s in res.series} == {"compute_straggler"}
+
+
+def test_the_database_keeps_raw_points_7_days_and_the_rest_400_days(il0477):
+    policies = il0477.store.retention_policies()
+    assert policies == {"raw": (7 * 86400, True), "long": (400 * 86400, False)}
+    counts = {m: il0477.store.query_raw(f'SELECT count("iteration") FROM "long"."{m}"')
+              for m in (schema.ROLLUP_HOST, schema.ROLLUP_JOB)}
+    assert int(counts[schema.ROLLUP_JOB].iloc[0, -1]) == 40
+    assert int(counts[schema.ROLLUP_HOST].iloc[0, -1]) == 40 * TOPOLOGY.nodes
+
+
+def test_the_node_heatmap_from_rollups_draws_what_the_raw_points_say(il0477):
+    """The overview reads rollup_host; the same panel over raw stage_latency gives the same cells."""
+    model = provisioning.dashboard_models()["heatmap"]
+    by_node = next(p for p in model["panels"] if p.get("rankscope", {}).get("rowTag") == "node")
+    (q,) = [q for where, q, _ in _run_dashboard(il0477, model) if where.startswith(f"panel {by_node['id']} ")]
+    raw_q = q.replace('"long"."rollup_host"', '"stage_latency"')
+    assert raw_q != q
+    fast, slow = (influx_query(il0477.url, il0477.db, x) for x in (q, raw_q))
+    cells = {(s["tags"]["node"], v[0]): v[1] for s in slow.series for v in s["values"]}
+    got = {(s["tags"]["node"], v[0]): v[1] for s in fast.series for v in s["values"]}
+    assert got.keys() == cells.keys() and len(got) >= 40 * TOPOLOGY.nodes / 2
+    keys = sorted(got)
+    assert np.allclose([got[k] for k in keys], [cells[k] for k in keys], rtol=1e-9)
+
+
+def _influx_write(url: str, db: str, rp: str, line: str) -> None:
+    params = urllib.parse.urlencode({"db": db, "rp": rp, "precision": "ms"})
+    urllib.request.urlopen(urllib.request.Request(f"{url}/write?{params}", data=line.encode(), method="POST"),
+                           timeout=30).close()
+
+
+def test_no_query_reads_raw_points_older_than_the_raw_policy(il0477):
+    """A raw point 10 days old cannot enter the raw policy (InfluxDB drops it); planted in the long
+    policy, where no raw point belongs, no panel, variable, annotation or alert query reads it."""
+    now = int(time.time() * 1000)
+    old = now - 10 * 86_400_000
+    frame = il0477.store.read_stage_latency(il0477.job, last_iterations=1)
+    frame = frame[frame["rank"] == 10352].copy()   # in the drill-down's default dp ranges
+    frame["time"] = old
+    with pytest.raises(StoreError, match="dropped 1 point"):
+        il0477.store.write_stage_latency(frame)
+    tags = ",".join(f"{t}={frame[t].iloc[0]}" for t in ("job", "rank", "pp", "dp", "tp", "ep_group", "node", "host"))
+    _influx_write(il0477.url, il0477.db, "long", f"stage_latency,{tags} mlp=99999.0,iteration_ms=99999.0,"
+                                                 f"iteration=-1i {old}")
+    horizon = now - 7 * 86_400_000
+    tr = TimeRange(old - 3_600_000, now)
+    try:
+        assert influx_query(il0477.url, il0477.db, 'SELECT count(*) FROM "long"."stage_latency"').rows == 1
+        ran = []
+        for model in provisioning.dashboard_models().values():
+            ran += _run_dashboard_queries(il0477, model, tr)
+        for rule in rankscope_alert_groups()[0].rules:
+            q = interpolate(rule.query.query, {}, tr, 1000)
+            ran.append((rule.uid, q, influx_query(il0477.url, il0477.db, q)))
+        assert len(ran) > 30
+        # the control: the drill-down, pointed at the policy the point was planted in, shows it
+        drill = next(q for where, q, _ in ran if "by rank, dp ranges" in where)
+        control = influx_query(il0477.url, il0477.db, drill.replace('"stage_latency"', '"long"."stage_latency"'))
+        assert 99999.0 in [v for se in control.series for row in se["values"] for v in row[1:]]
+        for where, q, res in ran:
+            for series in res.series:
+                values = [v for row in series.get("values", []) for v in row[1:]]
+                assert not {99999.0, 99.999} & set(values), (where, q)   # the planted point (ms or s)
+                if "GROUP BY time(" in q:   # fill(none): a bucket exists only where a point was read
+                    assert all(row[0] >= horizon - 86_400_000 for row in series["values"]), (where, q)
+    finally:
+        influx_query(il0477.url, il0477.db, f"DELETE FROM \"stage_latency\" WHERE time < {horizon}ms")
+    assert influx_query(il0477.url, il0477.db, 'SELECT count(*) FROM "long"."stage_latency"').rows == 0

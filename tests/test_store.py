@@ -224,3 +224,154 @@ def test_embedded_store_takes_writes_from_several_processes(tmp_path):
     df = EmbeddedStore(path).read_stage_latency("mp")
     assert len(df) == 80
     assert sorted(df.groupby("rank")["mlp"].first().tolist()) == [1.0, 2.0, 3.0, 4.0]
+
+
+# ------------------------------------------------------------------ retention
+def _incident_frame(time_ms: int, job: str = "r") -> pd.DataFrame:
+    return pd.DataFrame({"time": [time_ms], "job": job, "id": "cs-1-r0", "class": "compute_straggler",
+                         "status": "open", "ratio": [4.0]})
+
+
+def _count(store: InfluxStore, source: str) -> int:
+    df = store.query_raw(f"SELECT * FROM {source}")
+    return len(df)
+
+
+def test_store_setup_creates_the_raw_and_long_policies_and_routes_each_measurement(influx_url):
+    import time
+    import uuid
+
+    from rankscope.config import Retention
+
+    now = int(time.time() * 1000)
+    topo = Topology(tp=1, pp=1, dp=4, gpus_per_node=2)
+    store = InfluxStore(influx_url, f"ret_{uuid.uuid4().hex[:8]}", api="v1", retention=Retention())
+    try:
+        store.write_stage_latency(_iteration_frame(topo, job="r", time_ms=now))
+        store.write_measurement(schema.INCIDENT, _incident_frame(now))
+        policies = store.query_raw(f'SHOW RETENTION POLICIES ON "{store.bucket}"').set_index("name")
+        assert policies.loc["raw", "duration"] == "168h0m0s" and bool(policies.loc["raw", "default"])
+        assert policies.loc["long", "duration"] == "9600h0m0s" and not bool(policies.loc["long", "default"])
+        assert _count(store, '"raw"."stage_latency"') == 4 and _count(store, '"long"."stage_latency"') == 0
+        assert _count(store, '"long"."incident"') == 1 and _count(store, '"raw"."incident"') == 0
+        assert store.source(schema.INCIDENT) == '"long"."incident"' and store.source(schema.STAGE_LATENCY) == (
+            '"stage_latency"')
+        assert len(store.read(schema.INCIDENT, "r")) == 1 and len(store.read_stage_latency("r")) == 4
+        # new durations in the configuration are applied to the existing policies
+        shorter = InfluxStore(influx_url, store.bucket, api="v1", retention=Retention("2d", "30d"))
+        shorter.write_measurement(schema.INCIDENT, _incident_frame(now))
+        assert shorter.retention_policies() == {"raw": (2 * 86400, True), "long": (30 * 86400, False)}
+        # a store without a retention of its own leaves them alone, and reads through them
+        plain = InfluxStore(influx_url, store.bucket, api="v1")
+        plain.write_measurement(schema.INCIDENT, _incident_frame(now + 1))
+        assert plain.retention_policies() == {"raw": (2 * 86400, True), "long": (30 * 86400, False)}
+        assert len(plain.read(schema.INCIDENT, "r")) == 2
+    finally:
+        store.drop_database()
+        store.close()
+
+
+def test_points_older_than_the_raw_policy_are_dropped_and_reported(influx_url):
+    import time
+    import uuid
+
+    from rankscope.config import Retention
+    from rankscope.store import StoreError
+
+    now = int(time.time() * 1000)
+    topo = Topology(tp=1, pp=1, dp=2, gpus_per_node=2)
+    store = InfluxStore(influx_url, f"ret_{uuid.uuid4().hex[:8]}", api="v1", retention=Retention())
+    try:
+        old = _iteration_frame(topo, job="old", time_ms=now - 8 * 86_400_000)
+        new = _iteration_frame(topo, job="old", iteration=6, time_ms=now)
+        with pytest.raises(StoreError, match=r"dropped 2 point\(s\) older than the retention of the default policy"):
+            store.write_stage_latency(pd.concat([old, new], ignore_index=True))
+        assert store.read_stage_latency("old")["time"].tolist() == [now, now]   # the rest was written
+        store.write_measurement(schema.INCIDENT, _incident_frame(now - 8 * 86_400_000, job="old"))   # 400d: kept
+        assert len(store.read(schema.INCIDENT, "old")) == 1
+    finally:
+        store.drop_database()
+        store.close()
+
+
+def test_without_a_retention_the_policies_exist_and_nothing_expires(influx_store):
+    influx_store.write_measurement(schema.INCIDENT, _incident_frame(1000))   # 1970: kept
+    influx_store.write_stage_latency(_iteration_frame(Topology(tp=1, pp=1, dp=2, gpus_per_node=2), time_ms=2000))
+    assert influx_store.retention_policies() == {"raw": (0, True), "long": (0, False)}
+    assert _count(influx_store, '"long"."incident"') == 1
+    assert influx_store.read(schema.INCIDENT, "r")["time"].tolist() == [1000]
+    assert len(influx_store.read_stage_latency("il-0477")) == 2
+
+
+def test_a_database_made_before_the_policies_keeps_reading_its_raw_points(influx_url):
+    import time
+    import uuid
+
+    from rankscope.config import Retention
+
+    db = f"old_{uuid.uuid4().hex[:8]}"
+    old = InfluxStore(influx_url, db, api="v1", retention_policy="autogen")   # as rankscope wrote before
+    old.execute(f'CREATE DATABASE "{db}"')
+    old.write_stage_latency(_iteration_frame(Topology(tp=1, pp=1, dp=2, gpus_per_node=2), job="j", time_ms=5000))
+    try:
+        store = InfluxStore(influx_url, db, api="v1")
+        store.write_measurement(schema.INCIDENT, _incident_frame(6000, job="j"))
+        assert store.retention_policies() == {"autogen": (0, True), "long": (0, False)}
+        assert len(store.read_stage_latency("j")) == 2                    # still read from its default
+        assert _count(store, '"long"."incident"') == 1 and len(store.read(schema.INCIDENT, "j")) == 1
+        # turning retention on makes raw the default policy (and says so); old raw points stay in autogen
+        managed = InfluxStore(influx_url, db, api="v1", retention=Retention())
+        managed.write_measurement(schema.INCIDENT, _incident_frame(int(time.time() * 1000), job="j"))
+        assert managed.retention_policies() == {"autogen": (0, False), "long": (400 * 86400, False),
+                                                "raw": (7 * 86400, True)}
+    finally:
+        old.drop_database()
+        old.close()
+
+
+def test_retention_from_the_environment(monkeypatch):
+    from rankscope.config import Retention
+
+    for key in ("RANKSCOPE_RETENTION", "RANKSCOPE_RAW_RETENTION", "RANKSCOPE_LONG_RETENTION"):
+        monkeypatch.delenv(key, raising=False)
+    assert open_store("http://127.0.0.1:1", "x").retention is None
+    monkeypatch.setenv("RANKSCOPE_RETENTION", "on")
+    assert open_store("http://127.0.0.1:1", "x").retention == Retention("7d", "400d")
+    monkeypatch.setenv("RANKSCOPE_RAW_RETENTION", "3d")
+    assert open_store("http://127.0.0.1:1", "x").retention == Retention("3d", "400d")
+    monkeypatch.setenv("RANKSCOPE_RETENTION", "off")
+    assert open_store("http://127.0.0.1:1", "x").retention is None
+    monkeypatch.delenv("RANKSCOPE_RETENTION")
+    assert open_store("http://127.0.0.1:1", "x").retention == Retention("3d", "400d")   # a duration turns it on
+    monkeypatch.setenv("RANKSCOPE_LONG_RETENTION", "1d")
+    with pytest.raises(ValueError, match="shorter than the raw one"):
+        open_store("http://127.0.0.1:1", "x")
+    monkeypatch.setenv("RANKSCOPE_LONG_RETENTION", "400 days")
+    with pytest.raises(ValueError, match="expected a duration"):
+        open_store("http://127.0.0.1:1", "x")
+
+
+def test_embedded_store_keeps_every_point(embedded_store):
+    embedded_store.write_stage_latency(_iteration_frame(Topology(tp=1, pp=1, dp=2, gpus_per_node=2), time_ms=1))
+    embedded_store.write_measurement(schema.INCIDENT, _incident_frame(2))
+    assert len(embedded_store.read_stage_latency("il-0477")) == 2 and len(embedded_store.read(schema.INCIDENT)) == 1
+
+
+@pytest.mark.parametrize("retention,bucket", [("on", "rankscope%2Flong"), ("off", "rankscope&")])
+def test_v2_writes_what_is_kept_long_to_the_long_bucket(monkeypatch, retention, bucket):
+    _Recorder.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("INFLUXDB_V2_TOKEN", "tok-123")
+        monkeypatch.setenv("RANKSCOPE_RETENTION", retention)
+        store = open_store(f"http://127.0.0.1:{server.server_address[1]}", "rankscope")
+        store.write_measurement(schema.INCIDENT, _incident_frame(1234))
+        store.write_stage_latency(_iteration_frame(Topology(tp=1, pp=1, dp=2, gpus_per_node=2), time_ms=1234))
+        store.close()
+    finally:
+        server.shutdown()
+    writes = [(path, body) for path, _, body in _Recorder.requests if path.startswith("/api/v2/write")]
+    (incident_path, incident_body), (raw_path, _) = writes
+    assert incident_body.startswith("incident,") and f"bucket={bucket}" in incident_path + "&"
+    assert "bucket=rankscope&" in raw_path + "&"   # raw points: the bucket itself

@@ -29,7 +29,8 @@ def open_store(store: str | None = None, bucket: str | None = None,
     s = settings or store_settings(store, bucket)
     if s.is_influx:
         return InfluxStore(s.location, s.bucket, token=s.token, org=s.org, username=s.username,
-                           password=s.password, api=s.api, timeout_s=timeout_s, retries=retries)
+                           password=s.password, api=s.api, timeout_s=timeout_s, retries=retries,
+                           retention=s.retention)
     if not create and s.location != ":memory:" and not Path(s.location).is_file():
         where = Path(s.location)
         hint = "" if where.parent.is_dir() else f" (and no folder {where.parent})"

@@ -4,6 +4,11 @@ For newcomers and the demo: no server to run. Semantics follow InfluxDB's: a
 point is keyed by (time, tag set); writing the same key again updates the
 fields it carries and keeps the others. One table per measurement, columns
 added as new tags and fields appear.
+
+Retention: none. The embedded store keeps every point it is given (InfluxDB's ``raw`` and
+``long`` policies, :class:`rankscope.config.Retention`, do not apply): it holds a demo or a
+newcomer's few jobs, and a point written with a historical timestamp (a replayed scenario)
+must read back. Delete the file to start over.
 """
 
 from __future__ import annotations

@@ -9,6 +9,15 @@ picked from the ``X-Influxdb-Version`` header of ``/ping``; ``api="v1"`` or
 
 Credentials come from the environment (see :func:`rankscope.config.influx_settings`);
 they are never logged and never part of ``repr``.
+
+Retention (docs/schema.md): raw ``stage_latency`` lives in the database's default policy
+(``raw`` on databases this store creates), everything else in the policy ``long``. On 1.x the
+store creates both with the database (``_ensure_database``) and adds ``long`` to a database
+that lacks it; with a :class:`~rankscope.config.Retention` it also sets their durations (and
+makes ``raw`` the default), without one nothing expires. Writes name the policy (``/write?rp=``;
+on 2.x/3.x the bucket ``<bucket>/long``), reads name it in FROM (``"long"."incident"``). A
+database without ``long`` (made before it existed, or a 2.x bucket nobody set up) is read and
+written as before, everything in its default policy.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import base64
 import io
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -26,6 +36,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from rankscope import schema
+from rankscope.config import LONG_POLICY, RAW_POLICY, Retention, policy_of
 from rankscope.lineprotocol import encode_frame, quote_ident, quote_string
 from rankscope.store.base import INT_TAGS, Store, StoreError, normalise_frame
 from rankscope.store.prefix_cache import PrefixCache
@@ -34,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: Points per HTTP write request.
 WRITE_BATCH = 10_000
+#: How long "this database has no ``long`` policy" is believed before it is asked again.
+LAYOUT_RECHECK_S = 60.0
+_GO_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_BEYOND_RETENTION = re.compile(r"points beyond retention policy dropped=(\d+)")
 
 
 class InfluxStore(Store):
@@ -46,7 +61,9 @@ class InfluxStore(Store):
     token, org: v2 credentials (``INFLUXDB_V2_TOKEN``, ``INFLUXDB_V2_ORG``).
     username, password: v1 credentials (``INFLUXDB_V1_USERNAME``, ``INFLUXDB_V1_PASSWORD``).
     api: ``"auto"`` (from ``/ping``), ``"v1"`` or ``"v2"``.
-    retention_policy: v1 retention policy for writes and reads (default: the database's default).
+    retention_policy: one v1 retention policy for every write and read (default: each
+        measurement's own, see the module docstring).
+    retention: the durations the store sets (1.x) or relies on (2.x/3.x); None: none set.
     timeout_s: per request.
     retries: attempts for a failed write (with backoff) before giving up.
     """
@@ -63,6 +80,7 @@ class InfluxStore(Store):
         retention_policy: str | None = None,
         timeout_s: float = 30.0,
         retries: int = 3,
+        retention: Retention | None = None,
     ):
         if api not in ("auto", "v1", "v2"):
             raise ValueError(f"api must be auto, v1 or v2, got {api!r}")
@@ -70,6 +88,7 @@ class InfluxStore(Store):
         self.bucket = bucket
         self.org = org
         self.retention_policy = retention_policy
+        self.retention = retention
         self.timeout_s = timeout_s
         self.retries = retries
         self._token = token
@@ -77,6 +96,8 @@ class InfluxStore(Store):
         self._password = password
         self._api = api
         self._db_ready = False
+        self._layout: frozenset[str] | None = None   # the database's retention policies
+        self._layout_miss_at = -LAYOUT_RECHECK_S
         self._client = None
         self._write_api = None
         self._prefixes = PrefixCache()
@@ -150,41 +171,150 @@ class InfluxStore(Store):
 
     # --------------------------------------------------------------- writes
     def _ensure_database(self) -> None:
+        """1.x: the database with its policies ``raw`` (default) and ``long``; durations set
+        when the store has a :class:`Retention`, INF for a database it creates without one."""
         if self._db_ready or self.api != "v1":
             return
-        self.execute(f"CREATE DATABASE {quote_ident(self.bucket)}")
+        for attempt in (0, 1):
+            try:
+                self._ensure_policies()
+                break
+            except StoreError as exc:   # another writer created the same thing meanwhile
+                if attempt or not any(w in str(exc) for w in ("already exists", "conflicts")):
+                    raise
         self._db_ready = True
+        self._layout = None
+        self._layout_miss_at = -LAYOUT_RECHECK_S
 
-    def write_lines(self, lines: Sequence[str]) -> None:
-        """Send encoded line protocol (ms precision) in batches of ``WRITE_BATCH``."""
+    def retention_policies(self) -> dict[str, tuple[int, bool]] | None:
+        """The database's retention policies: name -> (duration in seconds, 0 = INF; default?).
+        None when the database does not exist."""
+        try:
+            df = self.query_raw(f"SHOW RETENTION POLICIES ON {quote_ident(self.bucket)}")
+        except StoreError as exc:
+            if "database not found" in str(exc):
+                return None
+            raise
+        if not len(df) or "name" not in df.columns:
+            return {}
+        default = df["default"] if "default" in df.columns else pd.Series(False, index=df.index)
+        duration = df["duration"] if "duration" in df.columns else pd.Series("0s", index=df.index)
+        return {str(n): (_go_duration_s(str(d)), bool(f)) for n, d, f in zip(df["name"], duration, default,
+                                                                           strict=True)}
+
+    def _ensure_policies(self) -> None:
+        db = quote_ident(self.bucket)
+        ret = self.retention
+        literal = {RAW_POLICY: ret.duration(RAW_POLICY) if ret else "INF",
+                   LONG_POLICY: ret.duration(LONG_POLICY) if ret else "INF"}
+        have = self.retention_policies()
+        if have is None:
+            self.execute(f"CREATE DATABASE {db} WITH DURATION {literal[RAW_POLICY]} REPLICATION 1 "
+                         f"NAME {quote_ident(RAW_POLICY)}")
+            have = {RAW_POLICY: (ret.seconds(RAW_POLICY) if ret else 0, True)}
+        if LONG_POLICY not in have:
+            self.execute(f"CREATE RETENTION POLICY {quote_ident(LONG_POLICY)} ON {db} "
+                         f"DURATION {literal[LONG_POLICY]} REPLICATION 1")
+            have[LONG_POLICY] = (ret.seconds(LONG_POLICY) if ret else 0, False)
+        if ret is None:
+            return   # durations are the operator's (or INF on a database made here)
+        if RAW_POLICY not in have:
+            log.warning("database %s: raw points move from its default policy to the new policy %r "
+                        "(%s); the points already in the old default stay there (docs/schema.md)",
+                        self.bucket, RAW_POLICY, literal[RAW_POLICY])
+            self.execute(f"CREATE RETENTION POLICY {quote_ident(RAW_POLICY)} ON {db} "
+                         f"DURATION {literal[RAW_POLICY]} REPLICATION 1 DEFAULT")
+            have[RAW_POLICY] = (ret.seconds(RAW_POLICY), True)
+        for policy in (RAW_POLICY, LONG_POLICY):
+            seconds, is_default = have[policy]
+            changes = "" if seconds == ret.seconds(policy) else f" DURATION {literal[policy]}"
+            if policy == RAW_POLICY and not is_default:
+                changes += " DEFAULT"
+            if changes:
+                self.execute(f"ALTER RETENTION POLICY {quote_ident(policy)} ON {db}{changes}")
+
+    def _policies(self) -> frozenset[str]:
+        """Names of the database's retention policies (cached; a database without ``long`` is
+        asked again after :data:`LAYOUT_RECHECK_S`)."""
+        if self._layout is not None:
+            return self._layout
+        now = time.monotonic()
+        if now - self._layout_miss_at < LAYOUT_RECHECK_S:
+            return frozenset()
+        try:
+            have = self.retention_policies()
+        except StoreError:
+            if self.api == "v1":
+                raise
+            have = None   # a server that lists no policies (3.x): no layout
+        names = frozenset(have or ())
+        if LONG_POLICY in names:
+            self._layout = names
+        else:
+            self._layout_miss_at = now
+        return names
+
+    def policy(self, measurement: str) -> str | None:
+        """The retention policy ``measurement`` is written to and read from; None: the
+        database's default policy (raw points, or a database without the ``long`` policy)."""
+        if self.retention_policy:
+            return self.retention_policy
+        if policy_of(measurement) != LONG_POLICY:
+            return None
+        if self.api == "v2" and self.retention is not None:
+            return LONG_POLICY   # set up by the deployment (compose's influxdb-setup)
+        return LONG_POLICY if LONG_POLICY in self._policies() else None
+
+    def source(self, measurement: str) -> str:
+        """``"long"."incident"`` or ``"stage_latency"``: the InfluxQL FROM of ``measurement``."""
+        rp = self.policy(measurement)
+        return f"{quote_ident(rp)}.{quote_ident(measurement)}" if rp else quote_ident(measurement)
+
+    def write_lines(self, lines: Sequence[str], policy: str | None = None) -> None:
+        """Send encoded line protocol (ms precision) in batches of ``WRITE_BATCH``, into
+        ``policy`` (None: the store's ``retention_policy``, else the database's default).
+
+        Points older than the policy's duration are dropped by InfluxDB; the rest of the
+        batch is written and a :class:`StoreError` says how many were dropped."""
         if not lines:
             return
         self._ensure_database()
+        policy = policy or self.retention_policy
+        dropped = 0
         for i in range(0, len(lines), WRITE_BATCH):
             chunk = lines[i:i + WRITE_BATCH]
             if self.api == "v2":
-                self._write_v2(chunk)
+                self._write_v2(chunk, f"{self.bucket}/{policy}" if policy else self.bucket)
             else:
-                self._write_v1("\n".join(chunk).encode())
+                dropped += self._write_v1("\n".join(chunk).encode(), policy)
+        if dropped:
+            where = f"policy {policy!r}" if policy else "the default policy"
+            raise StoreError(f"InfluxDB dropped {dropped} point(s) older than the retention of {where} of "
+                             f"database {self.bucket!r} (the others were written)")
 
-    def _write_v1(self, body: bytes) -> None:
+    def _write_v1(self, body: bytes, policy: str | None = None) -> int:
+        """Write one batch; the number of points InfluxDB dropped as older than the policy."""
         params = {"db": self.bucket, "precision": "ms"}
-        if self.retention_policy:
-            params["rp"] = self.retention_policy
+        if policy:
+            params["rp"] = policy
         delay = 0.5
         for attempt in range(self.retries + 1):
             try:
                 self._request("/write", params, body, {"Content-Type": "text/plain; charset=utf-8"})
-                return
+                return 0
             except StoreError as exc:
+                beyond = _BEYOND_RETENTION.search(str(exc))
+                if beyond:
+                    return int(beyond.group(1))
                 # 4xx is the data's fault (no use retrying); anything else may pass.
                 if " answered 4" in str(exc) or attempt == self.retries:
                     raise
                 log.warning("write failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay *= 2
+        return 0
 
-    def _write_v2(self, lines: Sequence[str]) -> None:
+    def _write_v2(self, lines: Sequence[str], bucket: str) -> None:
         from influxdb_client import InfluxDBClient, WritePrecision
         from influxdb_client.client.write_api import SYNCHRONOUS
         from urllib3 import Retry
@@ -198,7 +328,7 @@ class InfluxStore(Store):
             )
             self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
         try:
-            self._write_api.write(bucket=self.bucket, org=self.org or "-", record=list(lines),
+            self._write_api.write(bucket=bucket, org=self.org or "-", record=list(lines),
                                   write_precision=WritePrecision.MS)
         except Exception as exc:  # the client raises ApiException, urllib3 errors, ...
             status = getattr(exc, "status", None)
@@ -210,8 +340,9 @@ class InfluxStore(Store):
         # tag prefixes from the cache (a rank's tags rarely change); every tag value is
         # checked when first encoded, so nothing is sent when one cannot be carried
         prefixes = self._prefixes.prefixes(measurement, frame[tags])
-        self.write_lines(encode_frame(measurement, frame, tags, fields, prefixes=prefixes,
-                                      nonnegative=nonnegative))
+        lines = encode_frame(measurement, frame, tags, fields, prefixes=prefixes, nonnegative=nonnegative)
+        self._ensure_database()
+        self.write_lines(lines, self.policy(measurement))
 
     # ---------------------------------------------------------------- reads
     def _where(self, job: str | None, start_ms: int | None, end_ms: int | None,
@@ -228,7 +359,7 @@ class InfluxStore(Store):
         return (" WHERE " + " AND ".join(conds)) if conds else ""
 
     def read(self, measurement, job=None, start_ms=None, end_ms=None, where=None) -> pd.DataFrame:
-        q = f"SELECT * FROM {quote_ident(measurement)}{self._where(job, start_ms, end_ms, where)}"
+        q = f"SELECT * FROM {self.source(measurement)}{self._where(job, start_ms, end_ms, where)}"
         try:
             # CSV parses several times faster; its header names columns ``name`` and
             # ``tags``, so it is used only where no tag or field is called that.
@@ -244,7 +375,7 @@ class InfluxStore(Store):
         point (it reports at the end), so a timestamp query touches one series, not 12,960.
         None when the job (or the database) has no point; ``{}`` when points carry no rank."""
         try:
-            last = self.query_raw(f"SELECT * FROM {quote_ident(measurement)}"
+            last = self.query_raw(f"SELECT * FROM {self.source(measurement)}"
                                   f"{self._where(job, None, None, None)} ORDER BY time DESC LIMIT 1")
         except StoreError as exc:
             if "database not found" in str(exc):
@@ -258,7 +389,7 @@ class InfluxStore(Store):
         probe = self._probe(measurement, job)
         if probe is None:
             return []
-        df = self.query_raw(f"SELECT * FROM {quote_ident(measurement)}{self._where(job, None, None, probe)} "
+        df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{self._where(job, None, None, probe)} "
                             f"ORDER BY time DESC LIMIT {int(n)}")
         return sorted({int(t) for t in df["time"]}, reverse=True) if len(df) else []
 
@@ -268,7 +399,7 @@ class InfluxStore(Store):
         if probe is None:
             return []
         start = None if after_ms is None else int(after_ms) + 1
-        df = self.query_raw(f"SELECT * FROM {quote_ident(measurement)}{self._where(job, start, None, probe)} "
+        df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{self._where(job, start, None, probe)} "
                             f"ORDER BY time ASC LIMIT {int(n)}")
         return sorted({int(t) for t in df["time"]}) if len(df) else []
 
@@ -285,12 +416,23 @@ class InfluxStore(Store):
         """Drop the 1.x database (tests)."""
         self.execute(f"DROP DATABASE {quote_ident(self.bucket)}")
         self._db_ready = False
+        self._layout = None
+        self._layout_miss_at = -LAYOUT_RECHECK_S
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
             self._write_api = None
+
+
+def _go_duration_s(text: str) -> int:
+    """``168h0m0s`` (InfluxDB's SHOW RETENTION POLICIES) in seconds; ``0s`` is INF."""
+    m = _GO_DURATION.fullmatch(text.strip())
+    if not m:
+        return 0
+    h, mi, se = (int(g) if g else 0 for g in m.groups())
+    return h * 3600 + mi * 60 + se
 
 
 def _raise_statement_error(body: bytes) -> None:

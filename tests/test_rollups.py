@@ -1,0 +1,184 @@
+"""Rollups (analyzer/rollups.py), written by the analyzer's cycle and by ``rankscope rollup``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.cycle import AnalyzerService
+from analyzer.rollup_cli import parse_time
+from analyzer.rollups import Placement, host_rollup, incident_host_frame, job_rollup, rollup_frames
+from rankscope import schema
+from rankscope.cli import main
+from rankscope.frames import LatencyCube, frame_to_cube
+from rankscope.incident import Impact, Incident, IncidentClass, Status
+from rankscope.topology import Topology
+from simulator.scenario import Scenario
+from simulator.simulate import simulate
+
+START = 1_700_000_000_000
+TINY = Topology(tp=1, pp=2, dp=16, ep=4, gpus_per_node=4, host_pattern="gpu-node-{node:05d}")
+CULPRIT = 5   # node 1
+
+
+def _scenario(iterations: int = 24) -> Scenario:
+    return Scenario.from_dict({
+        "topology": {"tp": 1, "pp": 2, "dp": 16, "ep": 4, "gpus_per_node": 4},
+        "run": {"job": "tiny", "iterations": iterations, "seed": 1},
+        "fault": [{"kind": "compute_slowdown", "ranks": CULPRIT, "factor": 3.0, "start": 12}],
+    }, name="tiny")
+
+
+def _cube(topo: Topology, t: int = 3, seed: int = 0) -> LatencyCube:
+    rng = np.random.default_rng(seed)
+    stages = ["attention", "mlp"]
+    values = rng.uniform(10, 50, (t, topo.world, len(stages)))
+    it_ms = rng.uniform(900, 1100, (t, topo.world))
+    return LatencyCube(np.arange(t) + 7, START + np.arange(t) * 1000, stages, values, it_ms)
+
+
+def _reference(topo: Topology, cube: LatencyCube) -> pd.DataFrame:
+    """The same rollup the slow, obvious way (pandas groupby) to compare with."""
+    t, r, s = cube.values.shape
+    long = pd.DataFrame({"it": np.repeat(np.arange(t), r), "node": np.tile(topo.node_index, t),
+                         "pp": np.tile(topo.pp_index, t), "it_ms": cube.iteration_ms.reshape(-1)})
+    for i, name in enumerate(cube.stages):
+        long[name] = cube.values[:, :, i].reshape(-1)
+    return long.groupby(["it", "node", "pp"]).agg(["mean", "max"])
+
+
+def test_host_rollup_is_the_mean_and_max_over_each_hosts_ranks():
+    cube = _cube(TINY)
+    cube.values[1, 9, 1] = np.nan            # rank 9 missed mlp in one iteration
+    cube.values[2, 12:16, :] = np.nan        # node 3 reported nothing in the last iteration
+    cube.iteration_ms[2, 12:16] = np.nan
+    df = host_rollup("tiny", Placement.of(TINY), cube)
+    ref = _reference(TINY, cube)
+    assert len(df) == 3 * TINY.nodes - 1     # no point for a host that reported nothing
+    assert not ((df["iteration"] == 9) & (df["node"] == 3)).any()
+    merged = df.set_index([df["iteration"] - 7, "node", "pp"])
+    for stage in cube.stages:
+        want = ref[stage].loc[merged.index]
+        assert np.allclose(merged[stage], want["mean"]) and np.allclose(merged[f"{stage}_max"], want["max"])
+    assert np.allclose(merged["iteration_ms"], ref["it_ms"].loc[merged.index]["mean"])
+    assert set(df["host"]) == {f"gpu-node-{n:05d}" for n in range(TINY.nodes)}
+    assert (df["host"] == df["node"].map(lambda n: f"gpu-node-{n:05d}")).all()
+    assert df["ranks"].max() == 4 and (df["time"] == START + (df["iteration"] - 7) * 1000).all()
+
+
+def test_a_node_that_spans_two_pipeline_stages_is_one_point_per_stage():
+    topo = Topology(tp=1, pp=2, dp=6, gpus_per_node=4)   # node 1 holds ranks 4-7: pp 0 and pp 1
+    df = host_rollup("j", Placement.of(topo), _cube(topo, t=1))
+    assert sorted(zip(df["node"], df["pp"], df["ranks"], strict=True)) == [(0, 0, 4), (1, 0, 2), (1, 1, 2),
+                                                                           (2, 1, 4)]
+    assert set(df["host"]) == {"node 0", "node 1", "node 2"}   # no host names known
+
+
+def test_job_rollup_is_the_iteration_time_percentiles_and_the_slowest_rank():
+    cube = _cube(TINY)
+    cube.iteration_ms[1, 21] = 5000.0
+    cube.iteration_ms[2, :] = np.nan          # nobody reported: no point
+    df = job_rollup("tiny", Placement.of(TINY), cube)
+    assert df["iteration"].tolist() == [7, 8]
+    assert np.allclose(df["median_ms"], np.median(cube.iteration_ms[:2], axis=1))
+    assert np.allclose(df["p99_ms"], np.percentile(cube.iteration_ms[:2], 99, axis=1))
+    assert df["max_ms"].iloc[1] == 5000.0 and df["slowest_rank"].iloc[1] == 21
+    assert df["slowest_node"].iloc[1] == 5 and df["slowest_host"].iloc[1] == "gpu-node-00005"
+    assert df["slowest_rank"].iloc[0] == int(np.argmax(cube.iteration_ms[0]))
+
+
+def test_a_stage_named_like_a_rollup_field_is_refused():
+    cube = _cube(TINY)
+    cube.stages = ["ranks", "mlp"]
+    with pytest.raises(ValueError, match="collides"):
+        host_rollup("tiny", Placement.of(TINY), cube)
+
+
+def test_incident_host_has_one_point_per_culprit_host():
+    inc = Incident(id="cs-3-r4", job="j", cls=IncidentClass.COMPUTE_STRAGGLER, ranks=[4, 5, 8], nodes=[1, 2],
+                   stage="mlp", ratio=4.0, group_type="ep", group_ranks=list(range(16)), onset_iteration=3,
+                   onset_ms=START, hosts=["gpu-node-00001", "gpu-node-00002"],
+                   impact=Impact(30.0, 90.0, 3.0, 12.5, 31.0))
+    bare = Incident(id="hs-5-r0", job="j", cls=IncidentClass.HOST_STALL, ranks=[0], nodes=[0], stage=None,
+                    ratio=2.0, group_type=None, group_ranks=[], onset_iteration=5, onset_ms=START + 5,
+                    status=Status.RESOLVED)
+    df = incident_host_frame([inc, bare])
+    assert df["host"].tolist() == ["gpu-node-00001", "gpu-node-00002", "node 0"]
+    assert df["id"].tolist() == ["cs-3-r4", "cs-3-r4", "hs-5-r0"]
+    assert df["status"].tolist() == ["open", "open", "resolved"]
+    assert df["gpu_hours_lost"].iloc[0] == 12.5 and df["slowdown"].iloc[0] == 3.0
+    assert set(df.columns) - {"time"} <= set(schema.MEASUREMENTS[schema.INCIDENT_HOST].tags) | set(
+        schema.MEASUREMENTS[schema.INCIDENT_HOST].fields)
+
+
+def _counts(store, job: str) -> dict[str, int]:
+    return {m: len(store.read(m, job)) for m in (schema.ROLLUP_HOST, schema.ROLLUP_JOB)}
+
+
+def test_the_analyzer_writes_the_rollups_of_what_it_processed_and_a_rerun_the_same_points(influx_store):
+    sc = _scenario()
+    simulate(sc, influx_store, start_ms=START, progress=False)
+    AnalyzerService(influx_store).cycle(final=True)
+    counts = _counts(influx_store, "tiny")
+    assert counts == {schema.ROLLUP_HOST: 24 * TINY.nodes, schema.ROLLUP_JOB: 24}
+    hosts = influx_store.read(schema.ROLLUP_HOST, "tiny")
+    raw = influx_store.read_stage_latency("tiny")
+    late = hosts[hosts["iteration"] >= 14]
+    worst = late.groupby("host")["mlp_max"].mean().sort_values()   # one slow rank of four: its max
+    assert worst.index[-1] == "gpu-node-00001" and worst.iloc[-1] > 2 * worst.iloc[-2]   # the culprit's host
+    # the per-host points are the raw points averaged: the same numbers the raw query gives
+    one = raw[(raw["iteration"] == 20) & (raw["node"] == 1)]
+    row = hosts[(hosts["iteration"] == 20) & (hosts["node"] == 1)].iloc[0]
+    assert row["mlp"] == pytest.approx(one["mlp"].mean()) and row["mlp_max"] == pytest.approx(one["mlp"].max())
+    jobs = influx_store.read(schema.ROLLUP_JOB, "tiny")
+    j20 = jobs[jobs["iteration"] == 20].iloc[0]
+    slowest = raw[(raw["iteration"] == 20) & (raw["rank"] == j20["slowest_rank"])].iloc[0]
+    assert slowest["iteration_ms"] == pytest.approx(j20["max_ms"]) == pytest.approx(one["iteration_ms"].max())
+    assert j20["slowest_host"] == slowest["host"] and j20["median_ms"] == pytest.approx(
+        raw[raw["iteration"] == 20]["iteration_ms"].median())
+    (inc,) = influx_store.read(schema.INCIDENT_HOST, "tiny").to_dict("records")
+    assert inc["host"] == "gpu-node-00001" and inc["class"] == "compute_straggler" and inc["status"] == "open"
+    before = hosts.sort_values(["time", "node"]).reset_index(drop=True)
+    AnalyzerService(influx_store).cycle(final=True)      # a restarted analyzer replays its history
+    assert _counts(influx_store, "tiny") == counts
+    again = influx_store.read(schema.ROLLUP_HOST, "tiny").sort_values(["time", "node"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(before, again)
+    assert len(influx_store.read(schema.INCIDENT_HOST, "tiny")) == 1
+
+
+def test_rollup_command_backfills_what_the_analyzer_never_saw_idempotently(any_store, capsys, tmp_path):
+    sc = _scenario(iterations=16)
+    simulate(sc, any_store, start_ms=START, progress=False)
+    times = sorted(any_store.latest_times(schema.STAGE_LATENCY, "tiny", 100))
+    where = ["--store", getattr(any_store, "url", None) or str(any_store.path), "--bucket", any_store.bucket]
+    # the first half only, then everything, then everything again
+    assert main(["rollup", "--since", str(times[0]), "--until", str(times[7]), "--chunk", "3", *where]) == 0
+    assert _counts(any_store, "tiny") == {schema.ROLLUP_HOST: 8 * TINY.nodes, schema.ROLLUP_JOB: 8}
+    assert main(["rollup", "--since", str(times[0]), *where]) == 0
+    first = any_store.read(schema.ROLLUP_HOST, "tiny").sort_values(["time", "node"]).reset_index(drop=True)
+    assert main(["rollup", "--since", str(times[0]), "--chunk", "5", *where]) == 0
+    assert "tiny: rolled up 16 iteration(s)" in capsys.readouterr().out
+    again = any_store.read(schema.ROLLUP_HOST, "tiny").sort_values(["time", "node"]).reset_index(drop=True)
+    assert len(again) == 16 * TINY.nodes
+    pd.testing.assert_frame_equal(first, again)
+    # the same numbers the analyzer's own rollup of the raw points gives
+    raw = any_store.read_stage_latency("tiny")
+    cube = frame_to_cube(raw, TINY.world, schema.DEFAULT_STAGES.names)
+    want = rollup_frames("tiny", TINY, cube)[schema.ROLLUP_JOB]
+    got = any_store.read(schema.ROLLUP_JOB, "tiny")
+    assert np.allclose(got["p99_ms"], want["p99_ms"]) and (got["slowest_rank"] == want["slowest_rank"]).all()
+    assert main(["rollup", "--since", "soon", *where]) == 1
+
+
+def test_times_on_the_command_line():
+    now = 1_780_000_000_000
+    assert parse_time("6h", now) == now - 6 * 3_600_000
+    assert parse_time("7d", now) == now - 7 * 86_400_000
+    assert parse_time("2026-07-08T09:30:00Z") == 1_783_503_000_000
+    assert parse_time("2026-07-08T11:30:00+02:00") == 1_783_503_000_000
+    assert parse_time("1783503000000") == 1_783_503_000_000
+    with pytest.raises(ValueError, match="seconds"):
+        parse_time("1783503000")
+    with pytest.raises(ValueError, match="expected"):
+        parse_time("yesterday")
