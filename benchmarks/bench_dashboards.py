@@ -1,53 +1,223 @@
-"""Dashboards: what row aggregation saves a heatmap at 12,960 ranks, generation, the report."""
+"""Dashboards at NOC scale: a 6-hour wall over IL-0477 (12,960 ranks x 720 iterations of 30 s).
+
+One database, written once and reused for every figure: the raw points (line protocol through
+``InfluxStore.write_stage_latency``, the encoder's fast path, not the simulator), the rollups
+the analyzer would write for them (:mod:`analyzer.rollups`) and the incident's analyzer outputs
+(tests/il0477_store.py, generated a chunk of iterations at a time), in a database with
+rankscope's retention policies. Then, with Grafana's macros and variables filled as the tests
+fill them (tests/grafana_macros.py) over the whole run:
+
+- every NOC query and every heatmap query, median of ``--repeat`` runs, measured side by side;
+- the per-node heatmap from ``rollup_host`` against the very same panel over raw
+  ``stage_latency`` (the panel before the rollups), side by side;
+- bytes on disk per rank per iteration of the raw and the long policy after compaction (the
+  benchmark runs its own influxd, whose cold shards compact within seconds, so it can read its
+  data folder; with ``RANKSCOPE_TEST_INFLUX_URL`` the storage figures are left out);
+- 100,000 ranks: the rollup computed for real at that size, the queries extrapolated from the
+  per-point cost measured here.
+
+``RANKSCOPE_BENCH_DASH_ITERATIONS`` (default 720) sets the run length.
+"""
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
+import numpy as np
+
+from analyzer.rollups import rollup_frames
 from dashboards import provisioning
 from dashboards.report import write_report
+from rankscope import schema
+from rankscope.config import LONG_POLICY, RAW_POLICY, Retention
+from rankscope.frames import LatencyCube
 from rankscope.store import InfluxStore
-from tests.grafana_macros import influx_query
-from tests.il0477_store import ITERATIONS, write_schema_points
+from rankscope.topology import Topology
+from tests import influx_server
+from tests.grafana_macros import (
+    TimeRange,
+    dashboard_queries,
+    influx_query,
+    resolve_variables,
+)
+from tests.il0477_store import TOPOLOGY, write_schema_points
+
+ITERATIONS = int(os.environ.get("RANKSCOPE_BENCH_DASH_ITERATIONS", "720"))
+STEP_MS = 30_000
+JOB = "il-0477"
+ARGUS_BYTES_PER_RANK_STEP = 2.7 * 1024
+BIG = Topology(tp=8, pp=10, dp=1250, ep=25, gpus_per_node=8)
+TARGET_S = 1.0
+ROLLUP = f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}"'
+RAW = f'"{schema.STAGE_LATENCY}"'
+
+
+class CompactingServer(influx_server.InfluxServer):
+    """The test suite's influxd, but its cold shards snapshot and fully compact after 5 s idle."""
+
+    def start(self, timeout_s: float = 30.0) -> CompactingServer:
+        original = influx_server.CONFIG
+        influx_server.CONFIG = original.replace(
+            '  cache-max-memory-size = "2g"\n',
+            '  cache-max-memory-size = "2g"\n  cache-snapshot-write-cold-duration = "5s"\n'
+            '  compact-full-write-cold-duration = "5s"\n')
+        try:
+            super().start(timeout_s)
+        finally:
+            influx_server.CONFIG = original
+        return self
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def _settled(server: CompactingServer, db: str, timeout_s: float = 1800.0) -> tuple[dict[str, int], float]:
+    """Wait until the WAL is empty and the TSM files stop changing; bytes per policy and the wait."""
+    t0 = time.perf_counter()
+    data, wal = server.root / "data" / db, server.root / "wal" / db
+    last, stable_since = None, time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        tmp = any(p.suffix == ".tmp" for p in data.rglob("*"))
+        wal_bytes = sum(f.stat().st_size for f in wal.rglob("*.wal")) if wal.exists() else 0
+        now = {rp: _size(data / rp) for rp in (RAW_POLICY, LONG_POLICY)}
+        if now != last or tmp or wal_bytes:
+            last, stable_since = now, time.perf_counter()
+        elif time.perf_counter() - stable_since > 15:
+            return now, time.perf_counter() - t0
+        time.sleep(1.0)
+    return last or {}, time.perf_counter() - t0
+
+
+def _series_points(res) -> tuple[int, int]:
+    return len(res.series), res.rows
+
+
+def _big_rollup(ctx) -> tuple[float, int, int]:
+    """The rollup of 10 iterations at 100,000 ranks: seconds per iteration, points per iteration."""
+    t = 10
+    rng = np.random.default_rng(1)
+    cube = LatencyCube(np.arange(t), np.arange(t) * STEP_MS, list(schema.DEFAULT_STAGES.names),
+                       rng.uniform(10, 100, (t, BIG.world, len(schema.DEFAULT_STAGES))),
+                       rng.uniform(29_000, 31_000, (t, BIG.world)))
+    seconds = ctx.median_s(lambda: rollup_frames("big", BIG, cube), repeat=3)
+    frames = rollup_frames("big", BIG, cube)
+    return seconds / t, len(frames[schema.ROLLUP_HOST]) // t, len(frames[schema.ROLLUP_JOB]) // t
 
 
 def run(ctx) -> str:
+    server = None
+    url = influx_server.external_url()
+    if url is None:
+        server = CompactingServer().start()
+        url = server.url
     db = f"bench_dash_{uuid.uuid4().hex[:8]}"
-    store = InfluxStore(ctx.influx_url, bucket=db, api="v1")
-    start = (int(time.time() * 1000) - 3 * 3600_000) // 60_000 * 60_000
+    store = InfluxStore(url, bucket=db, api="v1", retention=Retention())
+    start = (int(time.time() * 1000) - (ITERATIONS + 2) * STEP_MS) // 60_000 * 60_000
+    onset = max(5, ITERATIONS // 2 // 5 * 5)
     try:
+        clock: dict[str, float] = {}
         t0 = time.perf_counter()
-        write_schema_points(store, "il-0477", start)
+        write_schema_points(store, JOB, start, iterations=ITERATIONS, onset=onset, step_ms=STEP_MS, clock=clock)
         fill_s = time.perf_counter() - t0
-        tf = f"time >= {start}ms and time <= {start + ITERATIONS * 60_000}ms"
-        base = f"SELECT mean(\"mlp\") FROM \"stage_latency\" WHERE \"job\" = 'il-0477' AND {tf} GROUP BY time(10s), "
-        queries = {
-            "per node (1,620 rows, the overview panel)": base + "\"node\" fill(none)",
-            "per rank, whole job (12,960 rows, not drawable)": base + "\"rank\" fill(none)",
-            "per rank, 3 dp ranges (96 rows, the drill-down)":
-                base.replace("AND time", "AND \"ep_group\" =~ /^(322|323|324)$/ AND time") + "\"rank\" fill(none)",
-        }
-        series = {k: len(influx_query(ctx.influx_url, db, q).series) for k, q in queries.items()}
-        times = ctx.side_by_side({k: (lambda q=q: influx_query(ctx.influx_url, db, q)) for k, q in queries.items()},
-                                 repeat=min(ctx.repeat, 3))
+        on_disk, settle_s = _settled(server, db) if server else ({}, 0.0)
+
+        end = start + (ITERATIONS - 1) * STEP_MS
+        tr = TimeRange(start - 60_000, end + 60_000)
+        run_q = lambda q: influx_query(url, db, q)  # noqa: E731
+        min_interval = provisioning.datasource_document()["datasources"][0]["jsonData"]["timeInterval"]
+        models = provisioning.dashboard_models()
+        queries: dict[str, str] = {}
+        overview: set[str] = set()
+        for name in ("noc", "heatmap"):
+            variables = resolve_variables(models[name], run_q, tr)
+            for pq in dashboard_queries(models[name], variables, tr, min_interval):
+                label = f"{name}: {pq.title}"
+                queries[label] = pq.query
+                if name == "noc" or ROLLUP in pq.query:
+                    overview.add(label)
+        by_node = next(k for k, q in queries.items() if ROLLUP in q and '"node"' in q.split("GROUP BY")[-1])
+        raw_panel = queries[by_node].replace(ROLLUP, RAW)
+        shape = {k: _series_points(run_q(q)) for k, q in queries.items()}
+        raw_shape = _series_points(run_q(raw_panel))
+        times = ctx.side_by_side({k: (lambda q=q: run_q(q)) for k, q in queries.items()}, repeat=ctx.repeat)
+        pair = ctx.side_by_side({"rollup": lambda: run_q(queries[by_node]), "raw": lambda: run_q(raw_panel)},
+                                repeat=min(ctx.repeat, 5))
         gen_s = ctx.median_s(provisioning.render_all, repeat=3)
         with tempfile.TemporaryDirectory() as out:
-            report_s = ctx.median_s(lambda: write_report(store, "il-0477", out), repeat=1, warmup=0)
+            report_s = ctx.median_s(lambda: write_report(store, JOB, out), repeat=1, warmup=0)
+        big_s, big_hosts, big_jobs = _big_rollup(ctx)
     finally:
         store.drop_database()
         store.close()
-    naive = times["per rank, whole job (12,960 rows, not drawable)"]
-    lines = ["## Dashboards", "",
-             f"IL-0477 at full scale (12,960 ranks x {ITERATIONS} iterations, written in {fill_s:.1f} s) on "
-             "the test InfluxDB 1.6.7; heatmap queries of `mlp` as Grafana sends them (`$__interval` = 10s), "
-             "measured side by side:", "",
-             "| heatmap query | series (rows drawn) | median | vs per rank, whole job |",
-             "| --- | --- | --- | --- |"]
-    for k, s in times.items():
-        lines.append(f"| {k} | {series[k]:,} | {s * 1000:.0f} ms | {s / naive:.3f}x |")
-    lines += ["", f"- `rankscope dashboards generate` (render all 7 files): {gen_s * 1000:.0f} ms median.",
-              f"- `rankscope report` for the IL-0477 incident (read ~20 iterations of every rank either side "
-              f"of the onset, draw 5 figures): {report_s:.1f} s."]
+        if server is not None:
+            server.cleanup()
+
+    world, nodes = TOPOLOGY.world, TOPOLOGY.nodes
+    minutes = ITERATIONS * STEP_MS / 60_000
+    span = f"{minutes / 60:g} h" if minutes >= 60 else f"{minutes:g} min"
+    worst = max(times[k] for k in overview)
+    raw_points = world * ITERATIONS
+    host_points = nodes * ITERATIONS
+    per_point_s = pair["rollup"] / host_points
+    big_nodes_pp = BIG.nodes // BIG.pp
+    lines = [
+        "## Dashboards",
+        "",
+        f"A NOC wall over IL-0477: {world:,} ranks x {ITERATIONS} iterations of {STEP_MS // 1000} s "
+        f"({span}, {raw_points:,} raw points; `RANKSCOPE_BENCH_DASH_ITERATIONS`, default 720) on the test "
+        f"InfluxDB 1.6.7, in a database with rankscope's retention policies, written once in {fill_s:.0f} s "
+        f"(raw {clock['raw']:.0f} s through the line-protocol encoder, rollups computed in "
+        f"{clock['rollup']:.1f} s and written in {clock['rollup_write']:.0f} s). Every query of the NOC "
+        f"and heatmap dashboards as Grafana sends it over the whole {span} (macros and variables "
+        f"filled as the tests fill them), median of {ctx.repeat}, measured side by side:",
+        "",
+        "| query | reads | series | rows | median |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for k, q in queries.items():
+        reads = "rollups, analyzer outputs" if LONG_POLICY in q.split("WHERE")[0] else "raw (drill-down)"
+        lines.append(f"| {k} | {reads} | {shape[k][0]:,} | {shape[k][1]:,} | {times[k] * 1000:.0f} ms |")
+    speedup = pair["raw"] / pair["rollup"]
+    lines += [
+        "",
+        f"- Slowest NOC or heatmap-overview query: **{worst * 1000:.0f} ms** (target under "
+        f"{TARGET_S * 1000:.0f} ms: {'met' if worst < TARGET_S else 'NOT met'}).",
+        f"- The per-node heatmap over {span}, side by side: from `rollup_host` "
+        f"**{pair['rollup'] * 1000:.0f} ms** ({host_points:,} points read, {shape[by_node][1]:,} cells) against "
+        f"**{pair['raw'] * 1000:.0f} ms** for the same panel over raw `stage_latency` ({raw_points:,} points, "
+        f"{raw_shape[1]:,} cells): **{speedup:.1f}x** faster (target 10x: {'met' if speedup >= 10 else 'NOT met'}).",
+    ]
+    if on_disk:
+        raw_b = on_disk[RAW_POLICY] / raw_points
+        long_b = on_disk[LONG_POLICY] / raw_points
+        lines.append(
+            f"- On disk after compaction (influxd's data folder, {settle_s:.0f} s after the last write): raw "
+            f"policy {on_disk[RAW_POLICY] / 2**20:.1f} MiB = **{raw_b:.1f} bytes per rank per iteration** "
+            f"(10 stage fields, iteration, iteration_ms, 9 tags), long policy (rollups and analyzer outputs) "
+            f"{on_disk[LONG_POLICY] / 2**20:.1f} MiB = **{long_b:.1f} bytes per rank per iteration**; "
+            f"ARGUS reports 2.7 KB per rank per step ({ARGUS_BYTES_PER_RANK_STEP / (raw_b + long_b):.0f}x more). "
+            f"7 days of raw points at one iteration per {STEP_MS // 1000} s: "
+            f"{raw_b * world * 7 * 86400 / (STEP_MS / 1000) / 2**30:.1f} GiB; 400 days of rollups: "
+            f"{long_b * world * 400 * 86400 / (STEP_MS / 1000) / 2**30:.1f} GiB.")
+    lines += [
+        f"- 100,000 ranks (tp=8 pp=10 dp=1250, {BIG.nodes:,} nodes): the rollup of one iteration, measured, "
+        f"takes {big_s * 1000:.0f} ms and writes {big_hosts:,} `rollup_host` + {big_jobs} `rollup_job` "
+        f"points (1/{BIG.world // big_hosts} of the raw points). Extrapolated from this run's "
+        f"{per_point_s * 1e9:.0f} ns per rollup point read: the per-node heatmap over {span} of one pp "
+        f"stage ({big_nodes_pp:,} rows, the panel's `pp` variable) reads {big_nodes_pp * ITERATIONS:,} points, "
+        f"about {per_point_s * big_nodes_pp * ITERATIONS * 1000:.0f} ms; all {BIG.nodes:,} rows "
+        f"(over the 2,000-row budget, so the panel needs the `pp` filter at that size) about "
+        f"{per_point_s * BIG.nodes * ITERATIONS:.1f} s. The NOC's queries read `rollup_job`, one point per "
+        f"iteration whatever the rank count.",
+        f"- `rankscope dashboards generate` (render all {len(provisioning.render_all())} files): "
+        f"{gen_s * 1000:.0f} ms median.",
+        f"- `rankscope report` for the incident (reads ~20 iterations of every rank either side of the "
+        f"onset, draws 5 figures): {report_s:.1f} s.",
+    ]
     return "\n".join(lines)
+

@@ -213,6 +213,7 @@ class PanelQuery:
 
     where: str
     query: str
+    title: str = ""
 
 
 def dashboard_queries(model: dict, variables: dict[str, Variable], time_range: TimeRange,
@@ -226,9 +227,10 @@ def dashboard_queries(model: dict, variables: dict[str, Variable], time_range: T
                                      panel.get("interval") or default_min_interval)
         for t in panel.get("targets", []):
             out.append(PanelQuery(f"panel {panel['id']} {panel['title']!r} {t['refId']}",
-                                  interpolate(t["query"], variables, time_range, interval)))
+                                  interpolate(t["query"], variables, time_range, interval), panel["title"]))
     for ann in model["annotations"]["list"]:
-        out.append(PanelQuery(f"annotation {ann['name']!r}", interpolate(ann["query"], variables, time_range, 1000)))
+        out.append(PanelQuery(f"annotation {ann['name']!r}", interpolate(ann["query"], variables, time_range, 1000),
+                              f"annotation: {ann['name']}"))
     return out
 
 

@@ -22,6 +22,7 @@ import json
 import os
 import time
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,8 +143,13 @@ def _l2_points(job: str, values: np.ndarray, time_ms: int) -> tuple[pd.DataFrame
 
 
 def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations: int = ITERATIONS,
-                        onset: int = ONSET, step_ms: int = STEP_MS, seed: int = 477) -> None:
-    """The incident's raw points, rollups and analyzer outputs, ``CHUNK`` iterations at a time."""
+                        onset: int = ONSET, step_ms: int = STEP_MS, seed: int = 477,
+                        clock: dict[str, float] | None = None) -> None:
+    """The incident's raw points, rollups and analyzer outputs, ``CHUNK`` iterations at a time.
+
+    ``clock`` (optional) adds up the seconds spent generating, writing raw points, computing
+    the rollups and writing them (keys ``generate``, ``raw``, ``rollup``, ``rollup_write``)."""
+    clock = clock if clock is not None else defaultdict(float)
     if onset % L2_WINDOW or not 0 < onset < iterations:
         raise ValueError(f"onset {onset} must be a multiple of {L2_WINDOW} inside the {iterations} iterations")
     rng = np.random.default_rng(seed)
@@ -151,14 +157,22 @@ def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations:
     times = start_ms + np.arange(iterations, dtype=np.int64) * step_ms
     last_window = None
     for first in range(0, iterations, CHUNK):
+        t0 = time.perf_counter()
         its = np.arange(first, min(first + CHUNK, iterations))
         values, it_ms = stage_cube(rng, its, onset)
         frames = [cube_to_frame(job, topo, int(i), int(times[i]), values[k], stages, it_ms[k])
                   for k, i in enumerate(its)]
-        store.write_stage_latency(pd.concat(frames, ignore_index=True))
-        cube = LatencyCube(its, times[its], list(stages), values, it_ms)
-        for name, frame in rollup_frames(job, topo, cube).items():
+        raw = pd.concat(frames, ignore_index=True)
+        t1 = time.perf_counter()
+        store.write_stage_latency(raw)
+        t2 = time.perf_counter()
+        rolled = rollup_frames(job, topo, LatencyCube(its, times[its], list(stages), values, it_ms))
+        t3 = time.perf_counter()
+        for name, frame in rolled.items():
             store.write_measurement(name, frame)
+        t4 = time.perf_counter()
+        for key, seconds in (("generate", t1 - t0), ("raw", t2 - t1), ("rollup", t3 - t2), ("rollup_write", t4 - t3)):
+            clock[key] = clock.get(key, 0.0) + seconds
         # L2 over the windows of L2_WINDOW iterations after the onset (ending at 24, 29, ... for onset 20)
         for end in its[(its >= onset + L2_WINDOW - 1) & ((its - onset) % L2_WINDOW == L2_WINDOW - 1)]:
             k = int(end - first)
