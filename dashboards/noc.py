@@ -67,7 +67,7 @@ def spec() -> DashboardSpec:
         [target(f"SELECT \"class\", \"hosts\", \"ranks\", \"stage\", \"ratio\", \"slowdown\", "
                 f"\"gpu_hours_lost\", \"onset_iteration\", \"title\" FROM {INCIDENT} "
                 f"WHERE \"status\" = 'open' AND {JOB} AND {OPEN_WINDOW} GROUP BY \"job\"", table=True)],
-        lay.place(14, 9), sort_by="gpu_hours_lost",
+        lay.place(14, 9), sort_by="GPU-hours lost",
         overrides=[{"matcher": {"id": "byName", "options": "gpu_hours_lost"},
                     "properties": [{"id": "displayName", "value": "GPU-hours lost"},
                                    {"id": "decimals", "value": 0}]},
