@@ -283,8 +283,9 @@ class InfluxStore(Store):
         dropped = 0
         for i in range(0, len(lines), WRITE_BATCH):
             chunk = lines[i:i + WRITE_BATCH]
-            if self.api == "v2":
-                self._write_v2(chunk, f"{self.bucket}/{policy}" if policy else self.bucket)
+            if self.api == "v2":   # (retention_policy is a 1.x setting: the bucket stays)
+                routed = policy and not self.retention_policy
+                self._write_v2(chunk, f"{self.bucket}/{policy}" if routed else self.bucket)
             else:
                 dropped += self._write_v1("\n".join(chunk).encode(), policy)
         if dropped:
