@@ -18,6 +18,9 @@ from rankscope.store import open_store
 
 log = logging.getLogger("rankscope.analyze")
 
+#: Cycle interval of the scheduled analyzer unless --every says otherwise.
+DEFAULT_EVERY_S = 30.0
+
 
 def parse_interval(text: str) -> float:
     """``30s``, ``2m``, ``1h`` or plain seconds -> seconds."""
@@ -40,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "or once with --once.")
     add_store_options(p)
     p.add_argument("--job", action="append", help="analyze only this job (repeatable; default: every job)")
-    p.add_argument("--every", type=parse_interval, default=30.0, metavar="INTERVAL",
-                   help="cycle interval, e.g. 30s, 2m (default 30s)")
+    p.add_argument("--every", type=parse_interval, default=None, metavar="INTERVAL",
+                   help="cycle interval, e.g. 30s, 2m (default 30s); not with --once")
     p.add_argument("--once", action="store_true", help="run one cycle over the stored data and exit")
     p.add_argument("--json", action="store_true", help="with --once: print {\"incidents\": [...]} as JSON")
     p.add_argument("--config", metavar="TOML",
@@ -52,30 +55,52 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _once(svc: AnalyzerService, store, args: argparse.Namespace) -> int:
+    """One cycle over what is stored; the incidents, as JSON or as an operator's briefing."""
+    if args.job:
+        known = store.jobs()
+        missing = [j for j in args.job if j not in known]
+        if missing:
+            raise ValueError(f"no job {', '.join(map(repr, missing))} in {store!r}; jobs there: "
+                             f"{', '.join(known) or 'none'}")
+    report = svc.cycle(final=True)
+    incidents = svc.stored_incidents()
+    if args.json:
+        print(json.dumps({"incidents": [i.to_json() for i in incidents]}, indent=2))
+    else:
+        for job, n in report.iterations.items():
+            print(f"{job}: analyzed {n} iteration(s)")
+        for inc in incidents:
+            print("\n".join(inc.briefing()))
+        if svc.analyzers and not incidents:
+            print("no incidents")
+        print(f"read {report.read_s:.1f}s, analysis {report.analyze_s:.1f}s, write {report.write_s:.1f}s")
+    if not svc.analyzers:
+        print(f"rankscope analyze: no stage_latency data in {store!r} (bucket {store.bucket!r}): "
+              f"check --store and --bucket", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.json and not args.once:
+        raise ValueError("--json prints the result of one cycle: use it with --once")
+    if args.once and args.every is not None:
+        raise ValueError("--once runs one cycle and exits; --every runs cycles for ever: choose one")
     watcher = ConfigWatcher(args.config) if args.config and not args.once else None
     cfg, stages = (watcher.config, watcher.stages) if watcher else load_config(args.config)
     store = open_store(args.store, args.bucket, create=False)
     svc = AnalyzerService(store, cfg, stages, jobs=args.job, progress=not args.quiet and not args.json)
     if args.once:
-        report = svc.cycle(final=True)
-        incidents = [i.to_json() for i in svc.stored_incidents()]
-        if args.json:
-            print(json.dumps({"incidents": incidents}, indent=2))
-        else:
-            if not svc.analyzers:
-                print(f"no stage_latency data in {store!r}" + (f" for job(s) {', '.join(args.job)}" if args.job else ""))
-            for job, n in report.iterations.items():
-                print(f"{job}: analyzed {n} iteration(s)")
-            for inc in incidents:
-                print(f"[{inc['status']}] {inc['id']} {inc['title']}")
-            print(f"read {report.read_s:.1f}s, analysis {report.analyze_s:.1f}s, write {report.write_s:.1f}s")
-        store.close()
-        return 0
-    scheduler = build_scheduler(svc, args.every, blocking=True, watcher=watcher)
+        try:
+            return _once(svc, store, args)
+        finally:
+            store.close()
+    every = args.every if args.every is not None else DEFAULT_EVERY_S
+    scheduler = build_scheduler(svc, every, blocking=True, watcher=watcher)
     if watcher is not None and hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: watcher.request())
-    print(f"analyzing {store!r} every {args.every:g}s (Ctrl-C to stop"
+    print(f"analyzing {store!r} every {every:g}s (Ctrl-C to stop"
           + (f"; {args.config} is reloaded when it changes or on SIGHUP" if watcher else "") + ")",
           file=sys.stderr)
     try:

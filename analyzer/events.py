@@ -18,6 +18,10 @@ Example::
 
     >>> category("server port down"), category("GPU Xid 79 fallen off the bus"), category("cron")
     ('network', 'compute', None)
+    >>> category("NVLink error count high"), category("thermal violation reported"), category("NodeNetworkDown")
+    ('compute', 'compute', 'network')
+    >>> category("HostProbeFailed", text="switch port facing the server down")
+    'network'
     >>> verdict("network", IncidentClass.COMPUTE_STRAGGLER, on_culprit=True)[0].value
     'contradicted'
 """
@@ -29,13 +33,19 @@ from dataclasses import dataclass
 
 from rankscope.incident import IncidentClass, Verdict
 
+#: Keywords of each category, matched at the start of a word (``throttl`` finds "throttled";
+#: ``port`` finds "ports" but not "reported"); a word ending in ``$`` must match whole. The
+#: categories are tried in this order: a GPU's own interconnect and bus (NVLink, PCIe link)
+#: is the GPU, not the network, and an event naming both is about the device.
 CATEGORIES: dict[str, tuple[str, ...]] = {
-    "network": ("port", "link", "nic", "network", "infiniband", "ib ", "rdma", "roce", "switch",
-                "packet", "cable", "transceiver", "flap", "mellanox", "hca", "ethernet", "bgp", "lldp"),
-    "compute": ("gpu", "xid", "ecc", "thermal", "throttl", "clock", "power", "hbm", "sm ", "nvlink",
-                "dcgm", "temperature", "fan", "pcie"),
-    "host": ("cpu", "disk", "nfs", "storage", "filesystem", "i/o", "io ", "dataloader", "memory",
-             "oom", "swap", "lustre", "kernel"),
+    "compute": ("gpu", "xid", "ecc", "thermal", "throttl", "clock", "power", "hbm", "sm$", "nvlink",
+                "dcgm", "temperat", "fan$", "fans$", "pcie", "nvswitch", "sxid", "retired pages",
+                "row remap"),
+    "host": ("cpu", "disk", "nfs", "storage", "filesystem", "i/o", "io$", "dataloader", "memory",
+             "oom", "swap", "lustre", "kernel", "gpfs"),
+    "network": ("port", "link", "nic$", "nics$", "network", "infiniband", "ib$", "rdma", "roce", "switch",
+                "packet", "cable", "transceiver", "flap", "mellanox", "hca", "ethernet", "bgp", "lldp",
+                "net$", "unreachable"),
 }
 
 #: Which event category each incident class explains.
@@ -66,6 +76,7 @@ class OutOfBandEvent:
     host: str = ""
     rank: int = -1
     status: str = "firing"
+    text: str = ""
 
     @property
     def key(self) -> tuple:
@@ -90,17 +101,34 @@ class OutOfBandEvent:
 
         host = row.get("host")
         status = row.get("status")
+        text = row.get("text")
         return cls(time_ms=int(row["time"]), name=str(row.get("name") or "event"), node=integer("node"),
                    host=host if isinstance(host, str) else "", rank=integer("rank"),
-                   status=status if isinstance(status, str) and status else "firing")
+                   status=status if isinstance(status, str) and status else "firing",
+                   text=text if isinstance(text, str) else "")
 
 
-def category(name: str) -> str | None:
-    """The category of an event name (by keywords), or None."""
-    text = f" {name.lower()} "
-    for cat, words in CATEGORIES.items():
-        if any(re.search(re.escape(w), text) for w in words):
-            return cat
+def _pattern(word: str) -> str:
+    whole = word.endswith("$")
+    word = word.rstrip("$")
+    return r"\b" + re.escape(word) + (r"\b" if whole else "")
+
+
+_PATTERNS = {cat: re.compile("|".join(_pattern(w) for w in words)) for cat, words in CATEGORIES.items()}
+
+
+def _words(text: str) -> str:
+    """Lower-case text with camelCase split (``NodeNetworkDown`` -> ``node network down``)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", text).replace("_", " ").lower()
+
+
+def category(name: str, text: str = "") -> str | None:
+    """The category of an event by the words of its name (else of its text), or None."""
+    for source in (name, text):
+        words = _words(source or "")
+        for cat, pattern in _PATTERNS.items():
+            if pattern.search(words):
+                return cat
     return None
 
 

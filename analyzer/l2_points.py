@@ -73,6 +73,7 @@ def l2_rank_frame(job: str, topo: Topology, stages: StageSet, med: np.ndarray, s
     return pd.DataFrame({
         "time": np.full(len(r), time_ms, dtype=np.int64), "job": job, "rank": r.astype(np.int64),
         "stage": np.array(stages.names, dtype=object)[s], "node": topo.node_index[r],
+        **({"host": np.asarray(topo.hosts, dtype=object)[topo.node_index[r]]} if topo.hosts else {}),
         "value": med[r, s], "ratio": ratio[r, s], "z": np.nan_to_num(scores.z[r, s]),
         "baseline_ratio": np.exp(np.nan_to_num(scores.rel[r, s])),
         "group_type": kinds[s], "group_id": gids[r, s].astype(np.int64),

@@ -36,6 +36,7 @@ class CycleGuard:
     started: float | None = None
     reported: bool = False
     skipped: int = 0
+    failures: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -48,9 +49,16 @@ class CycleGuard:
                 self.svc.reconfigure(cfg)
         with self._lock:
             self.started, self.reported, self.skipped = time.monotonic(), False, 0
+        ok = False
         try:
-            return safe_cycle(self.svc)
+            ok = safe_cycle(self.svc)
+            return ok
         finally:
+            if not ok:
+                self.failures += 1
+            elif self.failures:
+                log.warning("the analyzer cycle succeeded again after %d failed cycle(s)", self.failures)
+                self.failures = 0
             with self._lock:
                 took = time.monotonic() - (self.started or time.monotonic())
                 if self.reported:

@@ -213,13 +213,13 @@ def rankscope_alert_groups() -> list[AlertGroup]:
         uid="rankscope-l2-culprit-node",
         title="L2: node far slower than its group",
         query=InfluxQuery("A", f"SELECT max(\"ratio\") FROM {source(schema.L2_RANK)} WHERE $timeFilter "
-                               "GROUP BY \"job\", \"node\", \"stage\"", from_s=600),
+                               "GROUP BY \"job\", \"host\", \"node\", \"stage\"", from_s=600),
         reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L2_RANK_RATIO),
-        summary="Job {{ $labels.job }}: node {{ $labels.node }} is {{ humanize $values.B.Value }}x its "
-                "group median in {{ $labels.stage }}",
-        description="Ranks on node {{ $labels.node }} spend {{ humanize $values.B.Value }} times the group "
-                    "median in {{ $labels.stage }}. If that stage is compute-only, the node is degraded: "
-                    "drain or replace node {{ $labels.node }}; network repairs will not help.",
+        summary="Job {{ $labels.job }}: host {{ $labels.host }} (node {{ $labels.node }}) is "
+                "{{ humanize $values.B.Value }}x its group median in {{ $labels.stage }}",
+        description="Ranks on host {{ $labels.host }} spend {{ humanize $values.B.Value }} times the group "
+                    "median in {{ $labels.stage }}. If that stage is compute-only, the machine is degraded: "
+                    "drain or replace {{ $labels.host }}; network repairs will not help.",
         severity="critical", dashboard_uid="rankscope-heatmap", link_vars=(("job", "job"), ("stage", "stage")))
     incident = AlertRule(
         uid="rankscope-incident-open",

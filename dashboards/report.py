@@ -28,7 +28,7 @@ from dashboards.report_data import (
     stage_comparison,
 )
 from rankscope.cli import add_store_options
-from rankscope.incident import Incident, IncidentClass, load_incident
+from rankscope.incident import Incident, load_incident
 from rankscope.store import Store, open_store
 from rankscope.topology import format_ranks
 
@@ -39,18 +39,6 @@ _TEMPLATES = Environment(loader=PackageLoader("dashboards", "templates"),
 #: Iterations of stage latencies read (and drawn) before and after the onset.
 ITERATIONS_BEFORE = 20
 ITERATIONS_AFTER = 20
-ACTIONS = {
-    IncidentClass.COMPUTE_STRAGGLER: "Drain and replace {where}: the slowness is in compute-only work on "
-                                     "those GPUs; network repairs will not restore the speed.",
-    IncidentClass.LINK_DEGRADATION: "Check the NIC / links of {where}: the transfer floor of their "
-                                    "collectives rose.",
-    IncidentClass.PIPELINE_IMBALANCE: "Rebalance the pipeline stages: stage {stage} takes longer than the others.",
-    IncidentClass.TRANSIENT_STALL: "No action unless it repeats: a short stall that passed on its own.",
-    IncidentClass.HOST_STALL: "Check the host side (data loader, CPU, storage) of {where}.",
-    IncidentClass.SILENT_RANK: "Ranks {ranks} stopped reporting: check the processes on {where}.",
-}
-
-
 def _progress(msg: str) -> None:
     print(f"report: {msg}", file=sys.stderr, flush=True)
 
@@ -122,8 +110,7 @@ def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
     t_before = float(np.nanmedian(med[before])) if before.any() else float("nan")
     t_after = float(np.nanmedian(med[after])) if after.any() else float("nan")
     group = ev.get("group") or {}
-    action = ACTIONS.get(incident.cls, "Investigate {where}.").format(
-        where=incident.where, nodes=nodes, ranks=ranks, stage=incident.stage)
+    action = incident.action
     facts = [("Class", incident.cls.label), ("Status", incident.status.value),
              ("Culprit ranks", ranks), ("Host(s)", ", ".join(incident.hosts) or "not reported"),
              ("Node(s)", nodes), ("Stage", incident.stage),

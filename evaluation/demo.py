@@ -28,7 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     from rankscope.cli import add_store_options
 
     p = sub.add_parser("demo", help="simulate IL-0477 at 12,960 ranks, analyze it, print the verdict",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.replace("``", "`"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=f"Without --store (and RANKSCOPE_STORE) the demo writes to {DEMO_STORE}, made "
+                              f"afresh; explore it afterwards with --store {DEMO_STORE}.")
     add_store_options(p)
     p.add_argument("--scenario", default="il-0477", help="built-in scenario or TOML file (default il-0477)")
     p.add_argument("--report", default="out/report", metavar="DIR",
@@ -65,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
 
         path = write_report(store, scenario.job, Path(args.report))
         print(f"\nIncident report: {path}")
+    if not settings.is_influx:
+        print(f"Explore it: rankscope analyze --once --store {settings.location}; "
+              f"rankscope report --latest --store {settings.location} --out out/report")
     store.close()
     return 0
 

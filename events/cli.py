@@ -122,8 +122,15 @@ def run_add(args: argparse.Namespace) -> int:
     if not tr.ok:
         raise ValueError(tr.refused[0].reason)
     row = tr.rows[0]
-    with open_store(args.store, args.bucket) as store:
+    # an event only counts where the analyzer reads: a mistyped path is refused, not created
+    with open_store(args.store, args.bucket, create=False) as store:
         store.write_measurement(schema.EVENT, events_frame(tr.rows, args.job))
-    print(f"event {row.name!r} on {row.host} at {format_time(row.time_ms)} ({row.status}) written "
-          f"{'for job ' + args.job if args.job else 'as a cluster event'}")
+        hosts = store.hosts()
+        print(f"event {row.name!r} on {row.host} at {format_time(row.time_ms)} ({row.status}) written "
+              f"{'for job ' + args.job if args.job else 'as a cluster event'} to {store!r}")
+    if hosts and row.host not in hosts:
+        near = [h for h in hosts if h.lower() == row.host.lower() or h.split(".")[0] == row.host.split(".")[0]]
+        print(f"warning: no job has reported host {row.host!r}; events are matched to incidents by the exact "
+              f"host name the collectors report ({', '.join(near or hosts[:3])}"
+              f"{'' if near or len(hosts) <= 3 else ', ...'})", file=sys.stderr)
     return 0

@@ -135,8 +135,12 @@ def store_settings(store: str | None = None, bucket: str | None = None,
     api = env.get("RANKSCOPE_INFLUX_API", "auto")
     if api not in ("auto", "v1", "v2"):
         raise ValueError(f"RANKSCOPE_INFLUX_API must be auto, v1 or v2, got {api!r}")
+    location = store or env.get("RANKSCOPE_STORE") or DEFAULT_STORE
+    if "://" in location and not location.startswith(("http://", "https://")):
+        raise ValueError(f"store {location!r} looks like a URL but is not http:// or https:// "
+                         f"(an InfluxDB URL), nor the path of an embedded store")
     return StoreSettings(
-        location=store or env.get("RANKSCOPE_STORE") or DEFAULT_STORE,
+        location=location,
         bucket=bucket or env.get("RANKSCOPE_BUCKET") or DEFAULT_BUCKET,
         api=api,
         org=env.get("INFLUXDB_V2_ORG") or None,

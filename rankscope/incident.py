@@ -58,6 +58,19 @@ class IncidentClass(StrEnum):
         return "".join(word[0] for word in self.value.split("_"))
 
 
+#: What an operator does about each class (``{where}``: hosts or nodes, ``{ranks}``, ``{stage}``).
+ACTIONS: dict[IncidentClass, str] = {
+    IncidentClass.COMPUTE_STRAGGLER: "Drain and replace {where}: the slowness is in compute-only work on "
+                                     "those GPUs; network repairs will not restore the speed.",
+    IncidentClass.LINK_DEGRADATION: "Check the NIC / links of {where}: the transfer floor of their "
+                                    "collectives rose.",
+    IncidentClass.PIPELINE_IMBALANCE: "Rebalance the pipeline stages: stage {stage} takes longer than the others.",
+    IncidentClass.TRANSIENT_STALL: "No action unless it repeats: a short stall that passed on its own.",
+    IncidentClass.HOST_STALL: "Check the host side (data loader, CPU, storage) of {where}.",
+    IncidentClass.SILENT_RANK: "Ranks {ranks} stopped reporting: check the processes on {where}.",
+}
+
+
 class Verdict(StrEnum):
     """What the evidence says of an out-of-band event."""
 
@@ -207,6 +220,24 @@ class Incident:
         ratio = f" ({self.ratio:.1f}x)" if self.ratio and self.cls != IncidentClass.SILENT_RANK else ""
         again = f"intermittent ({self.episodes} episodes) " if self.intermittent else ""
         return f"{again}{self.cls.label}: ranks {format_ranks(self.ranks)} on {self.where}{stage}{ratio}"
+
+    @property
+    def action(self) -> str:
+        """What to do, in one sentence."""
+        text = ACTIONS[self.cls].format(where=self.where, ranks=format_ranks(self.ranks), stage=self.stage)
+        if self.evidence.get("ambiguous"):
+            text += " No timing separates these machines: check each."
+        return text
+
+    def briefing(self) -> list[str]:
+        """The lines an operator reads first: title, cost, action, the verdict on each event."""
+        lines = [f"[{self.status.value}] {self.id} {self.title}"]
+        if self.cost:
+            lines.append(f"  {self.cost}")
+        lines.append(f"  Action: {self.action}")
+        for e in self.events:
+            lines.append(f"  Event '{e.name}' on {e.where}: {e.verdict.upper()} - {e.reason}.")
+        return lines
 
     @property
     def cost(self) -> str:

@@ -228,7 +228,7 @@ MEASUREMENTS: dict[str, Measurement] = {
         "per group and stage statistics over the analysis window; time = window end",
     ),
     L2_RANK: Measurement(
-        L2_RANK, ("job", "rank", "stage", "node"),
+        L2_RANK, ("job", "rank", "stage", "node", "host"),
         {"value": "float", "ratio": "float", "z": "float", "baseline_ratio": "float",
          "group_type": "str", "group_id": "int"},
         "per rank scores above the reporting floor only; time = window end",

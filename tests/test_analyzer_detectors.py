@@ -97,3 +97,18 @@ def test_config_refuses_unknown_and_negative_settings():
         AnalyzerConfig().with_overrides(cv_treshold=0.5)
     with pytest.raises(ValueError, match="must not be negative"):
         AnalyzerConfig(z=-1)
+
+
+def test_event_categories_match_words_not_fragments():
+    """A GPU's own NVLink, a report of something: not the network; a camelCase alert name and,
+    when the name says nothing, the event's text are read too."""
+    from analyzer.events import category
+
+    assert category("NVLink error count high") == "compute"
+    assert category("GPU thermal violation reported by DCGM") == "compute"
+    assert category("PCIe link degraded") == "compute"
+    assert category("transport support ticket") is None
+    assert category("NodeNetworkDown") == "network"
+    assert category("IB port flapping") == "network"
+    assert category("HostProbeFailed", "switch port facing the server down") == "network"
+    assert category("HostProbeFailed", "probe timed out") is None

@@ -154,7 +154,7 @@ class IncidentBook:
                 continue
             if not e.names(inc.ranks, inc.nodes, inc.hosts):
                 continue   # about another machine (of this job or not): not this incident's evidence
-            v, reason = verdict(category(e.name), inc.cls, on_culprit=True)
+            v, reason = verdict(category(e.name, e.text), inc.cls, on_culprit=True)
             verdicts.append(EventVerdict(e.name, e.node, v, reason, e.time_ms, host=e.host, rank=e.rank,
                                          status=e.status))
         inc.events = verdicts

@@ -194,8 +194,16 @@ class Store(ABC):
         """
 
     @abstractmethod
+    def tag_values(self, measurement: str, key: str) -> list[str]:
+        """The distinct values of one tag of a measurement, sorted (empty when none)."""
+
     def jobs(self) -> list[str]:
         """Job names that have ``stage_latency`` points."""
+        return self.tag_values(schema.STAGE_LATENCY, "job")
+
+    def hosts(self) -> list[str]:
+        """Host names the collectors reported in ``stage_latency``."""
+        return self.tag_values(schema.STAGE_LATENCY, "host")
 
     def read_stage_latency(
         self,

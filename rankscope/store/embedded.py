@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankscope import schema
 from rankscope.store.base import INT_TAGS, Store, StoreError, check_tags, normalise_frame
 
 _SERIES = "_series"
@@ -191,12 +190,14 @@ class EmbeddedStore(Store):
             ).fetchall()
         return [int(r[0]) for r in rows]
 
-    def jobs(self) -> list[str]:
+    def tag_values(self, measurement: str, key: str) -> list[str]:
         with self._lock:
-            if "job" not in self._existing_columns(schema.STAGE_LATENCY):
+            if key not in self._existing_columns(measurement):
+                self._columns.pop(measurement, None)
                 return []
-            rows = self._db.execute(f"SELECT DISTINCT job FROM {self._table(schema.STAGE_LATENCY)}").fetchall()
-        return sorted(r[0] for r in rows)
+            rows = self._db.execute(f"SELECT DISTINCT {_ident(key)} FROM {self._table(measurement)} "
+                                    f"WHERE {_ident(key)} IS NOT NULL AND {_ident(key)} != ''").fetchall()
+        return sorted(str(r[0]) for r in rows)
 
     def close(self) -> None:
         with self._lock:

@@ -404,9 +404,9 @@ class InfluxStore(Store):
                             f"ORDER BY time ASC LIMIT {int(n)}")
         return sorted({int(t) for t in df["time"]}) if len(df) else []
 
-    def jobs(self) -> list[str]:
+    def tag_values(self, measurement: str, key: str) -> list[str]:
         try:
-            df = self.query_raw('SHOW TAG VALUES FROM "stage_latency" WITH KEY = "job"')
+            df = self.query_raw(f"SHOW TAG VALUES FROM {quote_ident(measurement)} WITH KEY = {quote_ident(key)}")
         except StoreError as exc:
             if "database not found" in str(exc):
                 return []
