@@ -98,8 +98,16 @@ class AnalyzerService:
     def cycle(self, final: bool = False) -> CycleReport:
         """One pass over every job. ``final`` also processes a possibly incomplete last iteration."""
         report = CycleReport()
+        failed: list[str] = []
         for job in self._jobs():
-            self._cycle_job(job, report, final)
+            try:
+                self._cycle_job(job, report, final)
+            except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others
+                log.error("job %s: analysis failed: %s: %s", job, type(exc).__name__, exc)
+                failed.append(f"{job} ({type(exc).__name__}: {exc})")
+        if failed:
+            raise RuntimeError(f"the analysis of {len(failed)} job(s) failed, the others went on: "
+                               + "; ".join(failed))
         return report
 
     def _cycle_job(self, job: str, report: CycleReport, final: bool) -> None:
@@ -123,7 +131,7 @@ class AnalyzerService:
             if ja is None:
                 ja = self.analyzers[job] = self._start_job(job, frame)
             frame = frame[frame[schema.ITERATION_FIELD] > ja.last_iteration]
-            self._follow_placement(ja, frame)
+            ja = self._follow_placement(ja, frame)
             more = len(times) == self.chunk
             frame = self._hold_back_incomplete(frame, ja, final or more)
             if not len(frame):
@@ -156,24 +164,33 @@ class AnalyzerService:
         report.changepoints += len(cps)
         report.incidents += list(changed.values())
 
-    def _follow_placement(self, ja: JobAnalyzer, frame: pd.DataFrame) -> None:
+    def _follow_placement(self, ja: JobAnalyzer, frame: pd.DataFrame) -> JobAnalyzer:
         """When the hosts the ranks report put them elsewhere than the analyzer thinks (a
-        replaced node, a scheduler's own placement), follow the data."""
+        replaced node, a scheduler's own placement), follow the data; a job whose layout itself
+        changed (resized under the same name) gets a new analyzer, which takes over its stored
+        incidents. Returns the job's analyzer from now on."""
         if "host" not in frame.columns or not len(frame) or self.topology is not None:
-            return
+            return ja
         last = frame[frame[schema.ITERATION_FIELD] == frame[schema.ITERATION_FIELD].max()]
         if len(last) < ja.topo.world:
-            return   # a partial iteration does not describe the placement
+            return ja   # a partial iteration does not describe the placement
         try:
             topo = _topology_of(last)
         except TopologyError as exc:
             log.warning("job %s: host tags do not describe a placement (%s); keeping the old one", ja.job, exc)
-            return
+            return ja
+        if topo.world != ja.topo.world or topo.gpus_per_node != ja.topo.gpus_per_node or topo != ja.topo:
+            log.warning("job %s: the parallel layout changed (%s -> %s); a new analyzer takes over",
+                        ja.job, ja.topo, topo)
+            fresh = self.analyzers[ja.job] = self._start_job(ja.job, last)
+            fresh.last_iteration = ja.last_iteration
+            return fresh
         if not ja.topo.same_placement(topo):
             moved = np.flatnonzero(ja.topo.node_index != topo.node_index)
             log.warning("job %s: rank placement changed (%d rank(s) on other nodes; hosts now %s...)",
                         ja.job, len(moved), ", ".join((topo.hosts or ())[:3]))
             ja.replace_placement(topo)
+        return ja
 
     def _read_events(self, job: str, ja: JobAnalyzer) -> None:
         """The job's events and the cluster's (matched by host) that can still matter, read

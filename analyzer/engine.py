@@ -100,6 +100,7 @@ class JobAnalyzer:
             self.impact.update(inc, iteration, time_ms, self.window, self.stages)
             inc.updated_ms = time_ms   # what a restarted analyzer need not count again
         incs = list(touched.values())
+        self.impact.retain({i.id for i in self._diag.incidents})
         self.last_scores = scores
         self.last_iteration, self.last_time_ms = iteration, time_ms
         return cps, incs

@@ -132,9 +132,12 @@ def category(name: str, text: str = "") -> str | None:
     return None
 
 
-def verdict(cat: str | None, incident_class: IncidentClass, on_culprit: bool) -> tuple[Verdict, str]:
-    """``(verdict, reason)`` of one event for one incident."""
+def verdict(cat: str | None, incident_class: IncidentClass, on_culprit: bool,
+            evidence: dict | None = None) -> tuple[Verdict, str]:
+    """``(verdict, reason)`` of one event for one incident, from what its evidence shows
+    (the kind of the slow stage, whether the culprits' own collectives were short)."""
     cls = IncidentClass(incident_class)
+    ev = evidence or {}
     if not on_culprit:
         return Verdict.UNRELATED, "not on a culprit host or outside the incident's time"
     if cat is None:
@@ -142,9 +145,13 @@ def verdict(cat: str | None, incident_class: IncidentClass, on_culprit: bool) ->
     if cat in EXPLAINS[cls]:
         return Verdict.SUPPORTED, f"a {cat} event fits a {cls.label}"
     if cat == "network" and cls in _NOT_NETWORK:
-        return Verdict.CONTRADICTED, ("the anomaly is only in compute-only stages and this host's "
-                                      "collectives are short (it arrived last), not slow: its network "
-                                      "is not the cause")
+        kind = ev.get("stage_kind") or ("host" if cls == IncidentClass.HOST_STALL else "compute")
+        where = ("compute-only" if kind == "compute" else "host-side (data loading)")
+        reason = (f"the slow stage ({ev.get('stage') or '?'}) is {where}, which no network fault slows")
+        if ev.get("arrived_last"):
+            reason += ("; and this host's own collectives are short (it arrived last), not slow: "
+                       "its network is not the cause")
+        return Verdict.CONTRADICTED, reason
     if cat in ("compute", "host") and cls == IncidentClass.LINK_DEGRADATION:
         return Verdict.CONTRADICTED, "compute stages are normal; only the transfer floors of its groups rose"
     return Verdict.CONTRADICTED, f"a {cat} event does not explain a {cls.label}"

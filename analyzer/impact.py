@@ -8,15 +8,19 @@ The job's iteration time is the median over its ranks of each iteration's time
 - ``iteration_s_now``: the median over its last :data:`NOW_ITERATIONS` iterations
   (up to its resolution);
 - ``gpu_hours_lost``: world size x the excess of every iteration from the onset to
-  the resolution over the level before, in hours; summed signed (noise cancels),
-  iteration by iteration as they come, final at resolution;
+  the resolution over the level before, in hours; summed signed (noise cancels; the
+  running total is floored at zero), iteration by iteration as they come, final at
+  resolution; an intermittent fault's later episodes add to it, the first is not counted
+  twice. Concurrent incidents each count the whole job's excess (their culprits share it):
+  their figures do not add up;
 - ``iteration_s_if_restored``: what the job would take if the culprits ran at their
   group's median now. Under the additive model of a critical path, the job's excess
   scales with the culprits' own excess in the incident's stage:
   ``now - (now - before) * (culprit_now - peers_now) / (culprit_now - culprit_before)``
   (the fraction clipped to [0, 1]): if the peers are as fast as the culprits used to
   be, the job would be back at its old level; if the peers slowed too, part of the
-  excess is theirs and stays.
+  excess is theirs and stays. For a link degradation the whole excess is the link's (every
+  member of its collectives waits alike, so there is no peer to compare with).
 
 Example::
 
@@ -35,7 +39,7 @@ from collections import deque
 import numpy as np
 
 from analyzer.window import Window
-from rankscope.incident import Impact, Incident
+from rankscope.incident import Impact, Incident, IncidentClass
 from rankscope.schema import StageSet
 
 #: Iterations before the onset whose median is the level before.
@@ -106,7 +110,7 @@ class ImpactTracker:
         if not np.isfinite(imp.iteration_s_before):
             imp.iteration_s_before = self.level_before(inc.onset_iteration)
         end = inc.resolved_iteration if inc.resolved_iteration >= 0 else None
-        now = self.level_during(inc.onset_iteration, end)
+        now = self.level_during(inc.last_onset, end)   # the latest episode of an intermittent fault
         if np.isfinite(now):
             imp.iteration_s_now = now
         before = imp.iteration_s_before
@@ -120,12 +124,22 @@ class ImpactTracker:
                 imp.slowdown = imp.iteration_s_now / before
                 imp.iteration_s_if_restored = self._if_restored(inc, imp, win, stages)
         if not inc.is_open:
-            self._accounted.pop(inc.id, None)
-            self._culprit_before.pop(inc.id, None)
             self._replayed.pop(inc.id, None)
+
+    def retain(self, ids: set[str]) -> None:
+        """Forget the incidents the analyzer no longer holds (their accounting is final). The
+        accounting of a resolved incident is kept while it is held: it may reopen, and its
+        next episode must not count the first one again."""
+        for table in (self._accounted, self._culprit_before, self._replayed):
+            for key in [k for k in table if k not in ids]:
+                del table[key]
 
     def _if_restored(self, inc: Incident, imp: Impact, win: Window, stages: StageSet) -> float:
         now, before = imp.iteration_s_now, imp.iteration_s_before
+        if inc.cls == IncidentClass.LINK_DEGRADATION:
+            # every member of the culprits' collectives waits for the slow transfer alike, so
+            # peers are no reference: the excess is the link's, the job would be back where it was
+            return before
         if not inc.stage or inc.stage not in stages or not inc.ranks or not len(win):
             return float("nan")
         s = stages.index(inc.stage)

@@ -28,7 +28,7 @@ import pandas as pd
 
 from rankscope import schema
 from rankscope.frames import LatencyCube
-from rankscope.incident import Incident
+from rankscope.incident import Incident, IncidentClass
 from rankscope.topology import Topology
 
 #: Percentile of the ranks' iteration time the L1 panels draw beside the median and the max.
@@ -146,10 +146,15 @@ def rollup_frames(job: str, topo: Topology, cube: LatencyCube) -> dict[str, pd.D
 
 def incident_host_frame(incidents: Iterable[Incident]) -> pd.DataFrame:
     """``incident_host`` points: one row per incident and culprit host (``node N`` when the
-    data names no hosts), time = the incident's onset, rewritten in place as it evolves."""
+    data names no hosts), time = the incident's onset, rewritten in place as it evolves.
+
+    Classes that name no machine to act on (a pipeline imbalance: a whole PP stage, hundreds
+    of hosts) get one row with host ``all``, not one alert per host."""
     rows = []
     for inc in incidents:
         hosts = inc.hosts or [f"node {n}" for n in inc.nodes]
+        if inc.cls == IncidentClass.PIPELINE_IMBALANCE:
+            hosts = ["all"]
         row = {"time": int(inc.onset_ms), "job": inc.job, "id": inc.id, "class": inc.cls.value,
                "status": inc.status.value, "stage": inc.stage or "", "title": inc.title,
                "ratio": float(inc.ratio), "onset_iteration": int(inc.onset_iteration),

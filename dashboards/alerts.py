@@ -221,14 +221,15 @@ def rankscope_alert_groups() -> list[AlertGroup]:
                     "median in {{ $labels.stage }}. If that stage is compute-only, the machine is degraded: "
                     "drain or replace {{ $labels.host }}; network repairs will not help.",
         severity="critical", dashboard_uid="rankscope-heatmap", link_vars=(("job", "job"), ("stage", "stage")))
+    # fires on any open incident: counts its points (a silent-rank incident has ratio 0)
     incident = AlertRule(
         uid="rankscope-incident-open",
         title="Fail-slow incident open",
-        query=InfluxQuery("A", f"SELECT last(\"ratio\") FROM {source(schema.INCIDENT_HOST)} WHERE \"status\" = 'open' "
+        query=InfluxQuery("A", f"SELECT count(\"onset_iteration\") FROM {source(schema.INCIDENT_HOST)} WHERE \"status\" = 'open' "
                                "AND $timeFilter GROUP BY \"job\", \"id\", \"class\", \"host\"", from_s=30 * 86400),
         reduce=Reduce("B", "A", "last"), threshold=Threshold("C", "B", "gt", 0),
         summary="Job {{ $labels.job }}: {{ $labels.class }} incident {{ $labels.id }} is open on host "
-                "{{ $labels.host }} (culprits at {{ humanize $values.B.Value }}x their group)",
+                "{{ $labels.host }}",
         description="The analyzer opened incident {{ $labels.id }} ({{ $labels.class }}) on job "
                     "{{ $labels.job }}; host {{ $labels.host }} holds culprit ranks (one alert per culprit "
                     "host, grouped per job). Its record names the culprit ranks, stage, ratio and cost, and "

@@ -168,6 +168,8 @@ class EventReceiver:
             payload = json.loads(body)
         except ValueError as exc:  # not JSON, or not UTF-8
             tr = Translation.unusable(f"body is not JSON: {exc}")
+        except RecursionError:     # nested deeper than any alert payload
+            tr = Translation.unusable("body is nested too deeply to be an alert payload")
         else:
             tr = translate(payload)
         written = 0

@@ -20,14 +20,22 @@ def _run(data, config=None):
     sim = ClusterSimulator(sc)
     ja = JobAnalyzer(sc.job, sc.topology, DEFAULT_STAGES, config)
     history = []
+    ja.latest = {}
     for _ in range(sc.iterations):
         res = sim.step()
         for inc in ja.feed(result_cube(res, sim.stages.names)).incidents:
             history.append((res.iteration, inc.id, inc.status.value, inc.episodes))
+            ja.latest[inc.id] = inc
     return ja, history
 
 
+def _burst_cost(ja_single) -> float:
+    (inc,) = ja_single.latest.values()
+    return inc.impact.gpu_hours_lost
+
+
 def test_three_bursts_are_one_intermittent_incident():
+    single, _ = _run({**FLAPPING, "fault": [{**FLAPPING["fault"][0], "repeats": 1}]})
     ja, history = _run(FLAPPING)
     assert {h[1] for h in history} == {"cs-20-r40"}                  # one incident, one id
     (inc,) = [i for i in ja.incidents() if i.id == "cs-20-r40"]
@@ -40,6 +48,10 @@ def test_three_bursts_are_one_intermittent_incident():
     changes = [s for k, s in enumerate(statuses) if k == 0 or s != statuses[k - 1]]
     assert changes == ["open", "resolved", "open", "resolved"]
     assert inc.status.value == "resolved" and inc.resolved_iteration == 40
+    # its cost counts each burst once: about three times one burst's, not the first twice
+    one_burst = _burst_cost(single)
+    assert inc.impact.iteration_s_now > inc.impact.iteration_s_before          # the latest episode
+    assert 2.4 * one_burst < inc.impact.gpu_hours_lost < 3.6 * one_burst
     resolved_at = max(it for it, _, s, _ in history if s == "resolved")
     assert resolved_at - 40 + 1 >= AnalyzerConfig().reopen_within      # quiet for the whole window
 

@@ -62,3 +62,19 @@ def test_without_pipeline_hops_the_smallest_supported_set_is_flagged_ambiguous()
     assert inc.evidence["ambiguous"] is True
     assert "smallest set the data supports" in inc.evidence["summary"]
     assert np.array_equal(topo.nodes_of(inc.ranks), [8, 9])
+
+
+def test_a_second_nic_fault_during_an_open_one_is_a_second_incident():
+    sc = Scenario.from_dict({"topology": {"tp": 1, "pp": 4, "dp": 64, "ep": 16, "gpus_per_node": 8},
+                             "run": {"job": "two", "iterations": 50, "seed": 3},
+                             "fault": [{"kind": "link_degradation", "node": 17, "factor": 5.0, "start": 20},
+                                       {"kind": "link_degradation", "node": 5, "factor": 5.0, "start": 32}]})
+    sim = ClusterSimulator(sc)
+    ja = JobAnalyzer("two", sc.topology, DEFAULT_STAGES)
+    for _ in range(sc.iterations):
+        ja.feed(result_cube(sim.step(), sim.stages.names))
+    by_node = sorted((inc.nodes, inc.onset_iteration) for inc in ja.incidents())
+    assert [n for n, _ in by_node] == [[5], [17]]
+    assert dict((n[0], o) for n, o in by_node) == {17: 20, 5: 32}
+    for inc in ja.incidents():   # the excess is the link's: fixed, the job is back where it was
+        assert inc.impact.iteration_s_if_restored == pytest.approx(inc.impact.iteration_s_before)

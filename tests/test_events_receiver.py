@@ -265,3 +265,12 @@ def test_network_alert_on_the_straggler_is_contradicted_and_one_elsewhere_is_not
     assert [(e["name"], e["host"], e["verdict"]) for e in incident["events"]] == [
         ("NodeNetworkDown", culprit_host, "contradicted")]
     assert all(other_host not in [e["host"] for e in i["events"]] for i in incidents)
+
+
+def test_a_deeply_nested_body_gets_a_400_not_a_dropped_connection(embedded_store):
+    receiver = EventReceiver(embedded_store, ("127.0.0.1", 0))
+    try:
+        reply = receiver.handle("/events", b"[" * 100_000 + b"]" * 100_000)
+    finally:
+        receiver.server.server_close()
+    assert reply.status == 400 and "nested too deeply" in json.dumps(reply.body)

@@ -303,27 +303,30 @@ def test_without_a_retention_the_policies_exist_and_nothing_expires(influx_store
     assert len(influx_store.read_stage_latency("il-0477")) == 2
 
 
-def test_a_database_made_before_the_policies_keeps_reading_its_raw_points(influx_url):
+def test_a_database_made_before_the_policies_keeps_its_history(influx_url):
+    """Without retention settings an old database is read and written as before (no ``long``);
+    turning retention on adds ``long`` and copies the history there, where reads look."""
     import time
     import uuid
 
     from rankscope.config import Retention
-
     db = f"old_{uuid.uuid4().hex[:8]}"
     old = InfluxStore(influx_url, db, api="v1", retention_policy="autogen")   # as rankscope wrote before
     old.execute(f'CREATE DATABASE "{db}"')
     old.write_stage_latency(_iteration_frame(Topology(tp=1, pp=1, dp=2, gpus_per_node=2), job="j", time_ms=5000))
     try:
         store = InfluxStore(influx_url, db, api="v1")
-        store.write_measurement(schema.INCIDENT, _incident_frame(6000, job="j"))
-        assert store.retention_policies() == {"autogen": (0, True), "long": (0, False)}
-        assert len(store.read_stage_latency("j")) == 2                    # still read from its default
-        assert _count(store, '"long"."incident"') == 1 and len(store.read(schema.INCIDENT, "j")) == 1
-        # turning retention on makes raw the default policy (and says so); old raw points stay in autogen
+        day_ago = int(time.time() * 1000) - 86_400_000
+        store.write_measurement(schema.INCIDENT, _incident_frame(day_ago, job="j"))
+        assert store.retention_policies() == {"autogen": (0, True)}      # untouched
+        assert len(store.read_stage_latency("j")) == 2 and len(store.read(schema.INCIDENT, "j")) == 1
+        # turning retention on makes raw the default policy and moves the history into long
         managed = InfluxStore(influx_url, db, api="v1", retention=Retention())
         managed.write_measurement(schema.INCIDENT, _incident_frame(int(time.time() * 1000), job="j"))
         assert managed.retention_policies() == {"autogen": (0, False), "long": (400 * 86400, False),
                                                 "raw": (7 * 86400, True)}
+        assert _count(managed, '"long"."incident"') == 2
+        assert sorted(managed.read(schema.INCIDENT, "j")["time"])[0] == day_ago   # the old one is still seen
     finally:
         old.drop_database()
         old.close()

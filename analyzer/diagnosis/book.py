@@ -85,6 +85,7 @@ class IncidentBook:
                                     f"iteration {inc.first_onset} (onsets {onsets}). {rest}")}
 
     def _reopen(self, old: Incident, new: Incident) -> Incident:
+        self._judge_from.pop(new.id, None)   # the new episode is judged under the old id from now on
         past = old.evidence.get("episodes") or [{"onset": old.first_onset, "resolved": old.resolved_iteration}]
         episodes = [*past, {"onset": new.onset_iteration, "resolved": new.resolved_iteration}]
         old.episodes = len(episodes)
@@ -127,7 +128,7 @@ class IncidentBook:
         incident's lookback starts at the earliest) or an open incident's lookback."""
         if not len(win):
             return None
-        return min([int(win.times[0]), *[self._judge_start(i, win) for i in self.open()]])
+        return min([int(win.times[0]), *[self._judge_start(i, win) for i in self._incidents.values()]])
 
     def forget_events(self, win: Window) -> None:
         """Drop events no incident can use any more (older than :meth:`horizon`)."""
@@ -154,16 +155,17 @@ class IncidentBook:
                 continue
             if not e.names(inc.ranks, inc.nodes, inc.hosts):
                 continue   # about another machine (of this job or not): not this incident's evidence
-            v, reason = verdict(category(e.name, e.text), inc.cls, on_culprit=True)
+            v, reason = verdict(category(e.name, e.text), inc.cls, on_culprit=True, evidence=inc.evidence)
             verdicts.append(EventVerdict(e.name, e.node, v, reason, e.time_ms, host=e.host, rank=e.rank,
                                          status=e.status))
         inc.events = verdicts
 
     def rejudge_events(self, win: Window) -> list[Incident]:
-        """Open incidents whose event verdicts changed (events that arrived after they opened:
-        the write-up's port-down came one iteration later; a resolved notice)."""
+        """Incidents held (open, or resolved lately) whose event verdicts changed: events arrive
+        late (the write-up's port-down came one iteration later; Alertmanager waits group_wait,
+        so a transient stall is resolved before its event arrives), and resolve later."""
         out = []
-        for inc in self.open():
+        for inc in self._incidents.values():
             before = [e.to_json() for e in inc.events]
             self.judge_events(inc, win)
             if [e.to_json() for e in inc.events] != before:

@@ -84,6 +84,7 @@ class Diagnoser:
         self.cfg = cfg
         self.book.event_lookback = cfg.event_lookback
         self.book.reopen_within = cfg.reopen_within
+        self.book.keep_resolved = max(cfg.history, cfg.reopen_within)
         for rule in self.rules:
             rule.cfg = cfg  # type: ignore[attr-defined]
 

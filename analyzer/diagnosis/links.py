@@ -29,6 +29,7 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
+from analyzer.diagnosis.rank_evidence import together
 from analyzer.diagnosis.rank_sets import overlap
 from analyzer.diagnosis.rule import Episode, Rule, culprit_incident
 from analyzer.floors import FloorScores, intersect_risen
@@ -47,7 +48,7 @@ class LinkRule(Rule):
 
     def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
         super().__init__(job, topo, stages, cfg)
-        self.episode: Episode | None = None
+        self.episodes: list[Episode] = []
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
         floors = obs.floors
@@ -69,29 +70,41 @@ class LinkRule(Rule):
         if len(culprits) > 1:
             culprits, separable = self._refine_by_p2p(culprits, obs)
         if not len(culprits):
-            self.episode = None
+            self.episodes = []
             return []
-        ep = self.episode
-        if ep is not None and overlap(ep.ranks, culprits) >= 0.5:
-            ep.streak += 1
-            ep.count(culprits)
-            # what stays risen in most iterations is the culprit; chance risers drop out
-            steady = ep.steady()
-            ep.ranks = steady if len(steady) else culprits
-            ep.ratio = max(ep.ratio, ratio)
-            ep.stage = stage or ep.stage
-        else:
-            self.episode = ep = Episode(culprits, stage, ratio, obs.iteration, obs.time_ms)
-            ep.count(culprits)
-        if ep.streak != self.cfg.transient_max + 1:
-            return []
-        for inc in book.open():
-            if inc.cls == IncidentClass.LINK_DEGRADATION and overlap(np.asarray(inc.ranks), ep.ranks) >= 0.5:
-                return []
-        inc = self._incident(ep, floors, obs, ambiguous=not separable and len(self.topo.nodes_of(ep.ranks)) > 1)
-        book.judge_events(inc, obs.window)
-        inc = book.register(inc)
-        return [inc]
+        # one episode per set of culprits that sit together: two faults at once are two incidents
+        culprits = np.sort(culprits)
+        label = together(culprits, self.topo)
+        episodes: list[Episode] = []
+        for k in np.unique(label):
+            part = culprits[label == k]
+            ep = next((e for e in self.episodes if e not in episodes and overlap(e.ranks, part) >= 0.5), None)
+            if ep is not None:
+                ep.streak += 1
+                ep.count(part)
+                # what stays risen in most iterations is the culprit; chance risers drop out
+                steady = ep.steady()
+                ep.ranks = steady if len(steady) else part
+                ep.ratio = max(ep.ratio, ratio)
+                ep.stage = stage or ep.stage
+            else:
+                ep = Episode(part, stage, ratio, obs.iteration, obs.time_ms)
+                ep.count(part)
+            episodes.append(ep)
+        self.episodes = episodes
+        out = []
+        for ep in episodes:
+            if ep.streak < self.cfg.transient_max + 1:
+                continue
+            if any(inc.cls == IncidentClass.LINK_DEGRADATION and overlap(np.asarray(inc.ranks), ep.ranks) >= 0.5
+                   for inc in book.open()):
+                continue
+            ambiguous = not separable and len(self.topo.nodes_of(ep.ranks)) > 1
+            inc = self._incident(ep, floors, obs, ambiguous=ambiguous)
+            inc = book.register(inc)
+            book.judge_events(inc, obs.window)
+            out.append(inc)
+        return out
 
     def _incident(self, ep: Episode, floors: FloorScores, obs: Observation, ambiguous: bool) -> Incident:
         inc = culprit_incident(self.job, IncidentClass.LINK_DEGRADATION, ep.ranks, self.topo, ep.onset,
@@ -154,10 +167,17 @@ class LinkRule(Rule):
         few = stands.any(axis=1) & (stands.sum(axis=1) * 2 <= members.shape[1])
         keep = np.where(few[:, None], stands, True) & np.isin(members, candidates)
         culprits = np.unique(members[keep])
-        return (culprits if len(culprits) else candidates), True
+        # a node most of whose ranks stand out is behind the link as a whole (a shared NIC, a
+        # node-level fault): its other candidate ranks, which noise kept under the bar, join
+        node = self.topo.node_index
+        nodes, counts = np.unique(node[culprits], return_counts=True)
+        mostly = nodes[counts * 2 > self.topo.gpus_per_node]
+        culprits = np.union1d(culprits, candidates[np.isin(node[candidates], mostly)])
+        # separated only where some rank stood out from its lockstep mates
+        return (culprits if len(culprits) else candidates), bool(few.any())
 
     def active(self, inc: Incident, obs: Observation) -> bool:
-        return self.episode is not None and overlap(self.episode.ranks, np.asarray(inc.ranks)) >= 0.5
+        return any(overlap(ep.ranks, np.asarray(inc.ranks)) >= 0.5 for ep in self.episodes)
 
 
 

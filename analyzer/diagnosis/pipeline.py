@@ -55,7 +55,7 @@ class PipelineRule(Rule):
         else:
             self.episode = ep = Episode(ranks, self.stages.names[s], float(ratio[groups[best], s]),
                                         obs.iteration, obs.time_ms)
-        if ep.streak != self.cfg.transient_max + 1:
+        if ep.streak < self.cfg.transient_max + 1:
             return []
         for inc in book.open():
             if inc.cls == IncidentClass.PIPELINE_IMBALANCE and jaccard(np.asarray(inc.ranks), ep.ranks) >= 0.5:
@@ -73,10 +73,10 @@ class PipelineRule(Rule):
             "stage": ep.stage, "ratio": round(inc.ratio, 3), "pp": pps.tolist(),
             "group": {"type": "pipeline", "ranks": format_ranks(inc.group_ranks)}, "l1": obs.l1_step,
         }
-        book.judge_events(inc, obs.window)
         inc = book.register(inc)
+        book.judge_events(inc, obs.window)
         return [inc]
 
     def active(self, inc: Incident, obs: Observation) -> bool:
-        return self.episode is not None
+        return self.episode is not None and jaccard(self.episode.ranks, np.asarray(inc.ranks)) >= 0.5
 

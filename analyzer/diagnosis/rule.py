@@ -71,7 +71,7 @@ def set_culprits(inc: Incident, ranks, topo: Topology) -> None:
     inc.ranks, inc.nodes, inc.hosts = ranks.tolist(), topo.nodes_of(ranks).tolist(), topo.hosts_of(ranks)
 
 
-@dataclass
+@dataclass(eq=False)
 class Episode:
     """A group-level signal being confirmed over iterations (link floors, pipeline stages)."""
 

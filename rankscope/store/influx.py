@@ -208,14 +208,20 @@ class InfluxStore(Store):
         literal = {RAW_POLICY: ret.duration(RAW_POLICY) if ret else "INF",
                    LONG_POLICY: ret.duration(LONG_POLICY) if ret else "INF"}
         have = self.retention_policies()
+        created = have is None
         if have is None:
             self.execute(f"CREATE DATABASE {db} WITH DURATION {literal[RAW_POLICY]} REPLICATION 1 "
                          f"NAME {quote_ident(RAW_POLICY)}")
             have = {RAW_POLICY: (ret.seconds(RAW_POLICY) if ret else 0, True)}
         if LONG_POLICY not in have:
+            existing = not created
+            if existing and ret is None:
+                return   # a database made before the policies: read and written as before
             self.execute(f"CREATE RETENTION POLICY {quote_ident(LONG_POLICY)} ON {db} "
                          f"DURATION {literal[LONG_POLICY]} REPLICATION 1")
             have[LONG_POLICY] = (ret.seconds(LONG_POLICY) if ret else 0, False)
+            if existing:
+                self._move_history_to_long(have)
         if ret is None:
             return   # durations are the operator's (or INF on a database made here)
         if RAW_POLICY not in have:
@@ -232,6 +238,25 @@ class InfluxStore(Store):
                 changes += " DEFAULT"
             if changes:
                 self.execute(f"ALTER RETENTION POLICY {quote_ident(policy)} ON {db}{changes}")
+
+    def _move_history_to_long(self, have: dict[str, tuple[int, bool]]) -> None:
+        """Copy what a database held before it had ``long`` (incidents, events, analyzer points)
+        from its default policy into ``long``, which reads name from now on: the history stays
+        visible. Raw points stay where they are (they expire there)."""
+        default = next((n for n, (_, is_default) in have.items() if is_default), None)
+        if default is None or default == LONG_POLICY:
+            return
+        names = [m for m in schema.MEASUREMENTS if policy_of(m) == LONG_POLICY]
+        pattern = "|".join(re.escape(m) for m in names)
+        log.warning("database %s: copying %s from policy %r into %r, where they are read from now on",
+                    self.bucket, ", ".join(names), default, LONG_POLICY)
+        try:
+            self.execute(f"SELECT * INTO {quote_ident(self.bucket)}.{quote_ident(LONG_POLICY)}.:MEASUREMENT "
+                         f"FROM {quote_ident(self.bucket)}.{quote_ident(default)}./^({pattern})$/ GROUP BY *")
+        except StoreError as exc:
+            if "beyond retention" not in str(exc):
+                raise
+            log.warning("database %s: points older than the long retention were not copied", self.bucket)
 
     def _policies(self) -> frozenset[str]:
         """Names of the database's retention policies (cached; a database without ``long`` is
