@@ -10,7 +10,7 @@ from rankscope.frames import cube_to_frame
 from rankscope.lineprotocol import encode_frame, encode_lines, encode_prefixes
 from rankscope.topology import Topology
 
-IL = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8)
+IL = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8, host_pattern="gpu-node-{node:05d}")
 STAGES = schema.DEFAULT_STAGES.names
 
 
