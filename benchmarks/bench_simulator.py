@@ -13,8 +13,8 @@ import statistics
 import time
 import uuid
 
-from collector.stage_writer import StageLatencyWriter
-
+from rankscope import schema
+from rankscope.lineprotocol import encode_frame
 from rankscope.store import InfluxStore
 from simulator.cluster import ClusterSimulator
 from simulator.scenario import Scenario, load_scenario
@@ -47,12 +47,13 @@ def run(ctx) -> str:
 
     # the same lines the backfill sends, encoded once up front
     sim = ClusterSimulator(il, start_ms=T0)
-    enc = StageLatencyWriter(_fresh(ctx.influx_url), sim)
     t0 = time.perf_counter()
     pre = []
     for _ in range(il.iterations):
-        res = sim.step()
-        pre.append(enc.lines(res, res.time_ms))
+        frame = sim.frame(sim.step())
+        tags = [c for c in schema.RANK_TAGS if c in frame.columns]
+        fields = [c for c in frame.columns if c not in tags and c != "time"]
+        pre.append(encode_frame(schema.STAGE_LATENCY, frame, tags, fields))
     sim_encode_s = time.perf_counter() - t0
     points = sum(len(p) for p in pre)
 
@@ -86,7 +87,7 @@ def run(ctx) -> str:
     b = statistics.median(samples["backfill"])
     # adjacent runs form the pairs: (direct 1, backfill 1) and (backfill 2, direct 2)
     pairs = ", ".join(f"{x / y:.2f}" for x, y in zip(samples["direct"], samples["backfill"], strict=True))
-    return f"""## Simulator (`collector/simulator.py`)
+    return f"""## Simulator (`simulator/cluster.py`)
 
 One simulated iteration, all ranks at once (median of {max(ctx.repeat, 15)}):
 
