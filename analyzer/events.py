@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rankscope.hostnames import same_host
 from rankscope.incident import IncidentClass, Verdict
 
 #: Keywords of each category, matched at the start of a word (``throttl`` finds "throttled";
@@ -85,8 +86,9 @@ class OutOfBandEvent:
         return (self.time_ms, self.name, self.node, self.host, self.rank)
 
     def names(self, ranks, nodes, hosts) -> bool:
-        """Whether the event is about one of these ranks, node ids or host names."""
-        return ((bool(self.host) and self.host in hosts) or (self.node >= 0 and self.node in nodes)
+        """Whether the event is about one of these ranks, node ids or host names (a host as
+        :func:`~rankscope.hostnames.same_host` compares them: case and domain folded)."""
+        return ((bool(self.host) and any(same_host(self.host, h) for h in hosts)) or (self.node >= 0 and self.node in nodes)
                 or (self.rank >= 0 and self.rank in ranks))
 
     @classmethod

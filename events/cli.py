@@ -16,6 +16,7 @@ from events.receiver import TOKEN_ENV, EventReceiver, ReceiverConfig
 from events.rows import DEFAULT_SEVERITY, DEFAULT_SOURCE, RESOLVED, events_frame, format_time
 from rankscope import schema
 from rankscope.cli import add_store_options
+from rankscope.hostnames import matching_hosts
 from rankscope.store import open_store
 
 log = logging.getLogger("events")
@@ -128,9 +129,8 @@ def run_add(args: argparse.Namespace) -> int:
         hosts = store.hosts()
         print(f"event {row.name!r} on {row.host} at {format_time(row.time_ms)} ({row.status}) written "
               f"{'for job ' + args.job if args.job else 'as a cluster event'} to {store!r}")
-    if hosts and row.host not in hosts:
-        near = [h for h in hosts if h.lower() == row.host.lower() or h.split(".")[0] == row.host.split(".")[0]]
-        print(f"warning: no job has reported host {row.host!r}; events are matched to incidents by the exact "
-              f"host name the collectors report ({', '.join(near or hosts[:3])}"
-              f"{'' if near or len(hosts) <= 3 else ', ...'})", file=sys.stderr)
+    if hosts and not matching_hosts(row.host, hosts):
+        print(f"warning: no job has reported host {row.host!r} (nor a short or full name of it); events "
+              f"are matched to incidents by the host name the collectors report, case and domain "
+              f"folded ({', '.join(hosts[:3])}{'' if len(hosts) <= 3 else ', ...'})", file=sys.stderr)
     return 0
