@@ -17,7 +17,6 @@ from pathlib import Path
 
 from analyzer.cycle import AnalyzerService
 from rankscope.config import store_settings
-from rankscope.incident import IncidentClass
 from rankscope.store import open_store
 from rankscope.topology import format_ranks
 
@@ -99,9 +98,6 @@ def summary(ja, incidents) -> str:
                      f"{(g.get('type') or '?').upper()} group {g.get('ranks', '')} [{inc.status}].")
         if inc.cost:
             lines.append(inc.cost)
-        if inc.cls == IncidentClass.COMPUTE_STRAGGLER:
-            lines.append(f"Action: drain {inc.where} and replace it (its GPUs compute slowly); "
-                         f"no network repair.")
-        for e in inc.events:
-            lines.append(f"Event '{e.name}' on {e.where}: {e.verdict.upper()} - {e.reason}.")
+        lines.append(f"Action: {inc.action}")
+        lines += [e.sentence for e in inc.events]
     return "\n".join(lines)

@@ -101,6 +101,11 @@ class EventVerdict:
     def where(self) -> str:
         return self.host or (f"node {self.node}" if self.node >= 0 else "the job")
 
+    @property
+    def sentence(self) -> str:
+        """The verdict as an operator reads it: event, machine, verdict, why."""
+        return f"Event '{self.name}' on {self.where}: {self.verdict.upper()} - {self.reason}."
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "node": int(self.node), "rank": int(self.rank),
                 "status": self.status, "verdict": self.verdict, "reason": self.reason,
@@ -235,8 +240,7 @@ class Incident:
         if self.cost:
             lines.append(f"  {self.cost}")
         lines.append(f"  Action: {self.action}")
-        for e in self.events:
-            lines.append(f"  Event '{e.name}' on {e.where}: {e.verdict.upper()} - {e.reason}.")
+        lines += [f"  {e.sentence}" for e in self.events]
         return lines
 
     @property

@@ -17,5 +17,7 @@ def test_demo_prints_l1_l2_verdict_and_writes_the_report(tmp_path):
     # the host of node 97 (the simulator's default host names), which an operator drains
     assert "Verdict: link degradation on gpu-node-00097 (ranks 776-783, node 97)" in text
     assert "Event 'NIC link flapping' on gpu-node-00097: SUPPORTED" in text
+    # the core's advice for the class, as `analyze --once` and the report give it
+    assert "Action: Check the NIC / links of gpu-node-00097" in text
     assert (tmp_path / ".rankscope" / "demo.db").exists()        # the embedded store by default
     assert (tmp_path / "report" / "index.html").exists()
