@@ -179,7 +179,7 @@ class AnalyzerService:
         except TopologyError as exc:
             log.warning("job %s: host tags do not describe a placement (%s); keeping the old one", ja.job, exc)
             return ja
-        if topo.world != ja.topo.world or topo.gpus_per_node != ja.topo.gpus_per_node or topo != ja.topo:
+        if topo != ja.topo:   # tp, pp, dp, ep, gpus_per_node or order differ (hosts are not compared)
             log.warning("job %s: the parallel layout changed (%s -> %s); a new analyzer takes over",
                         ja.job, ja.topo, topo)
             fresh = self.analyzers[ja.job] = self._start_job(ja.job, last)

@@ -88,8 +88,8 @@ class OutOfBandEvent:
     def names(self, ranks, nodes, hosts) -> bool:
         """Whether the event is about one of these ranks, node ids or host names (a host as
         :func:`~rankscope.hostnames.same_host` compares them: case and domain folded)."""
-        return ((bool(self.host) and any(same_host(self.host, h) for h in hosts)) or (self.node >= 0 and self.node in nodes)
-                or (self.rank >= 0 and self.rank in ranks))
+        return ((bool(self.host) and any(same_host(self.host, h) for h in hosts))
+                or (self.node >= 0 and self.node in nodes) or (self.rank >= 0 and self.rank in ranks))
 
     @classmethod
     def from_row(cls, row: dict) -> OutOfBandEvent:

@@ -39,6 +39,8 @@ _TEMPLATES = Environment(loader=PackageLoader("dashboards", "templates"),
 #: Iterations of stage latencies read (and drawn) before and after the onset.
 ITERATIONS_BEFORE = 20
 ITERATIONS_AFTER = 20
+
+
 def _progress(msg: str) -> None:
     print(f"report: {msg}", file=sys.stderr, flush=True)
 

@@ -209,18 +209,17 @@ class InfluxStore(Store):
                    LONG_POLICY: ret.duration(LONG_POLICY) if ret else "INF"}
         have = self.retention_policies()
         created = have is None
-        if have is None:
+        if created:
             self.execute(f"CREATE DATABASE {db} WITH DURATION {literal[RAW_POLICY]} REPLICATION 1 "
                          f"NAME {quote_ident(RAW_POLICY)}")
             have = {RAW_POLICY: (ret.seconds(RAW_POLICY) if ret else 0, True)}
         if LONG_POLICY not in have:
-            existing = not created
-            if existing and ret is None:
+            if not created and ret is None:
                 return   # a database made before the policies: read and written as before
             self.execute(f"CREATE RETENTION POLICY {quote_ident(LONG_POLICY)} ON {db} "
                          f"DURATION {literal[LONG_POLICY]} REPLICATION 1")
             have[LONG_POLICY] = (ret.seconds(LONG_POLICY) if ret else 0, False)
-            if existing:
+            if not created:
                 self._move_history_to_long(have)
         if ret is None:
             return   # durations are the operator's (or INF on a database made here)
