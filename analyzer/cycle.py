@@ -11,7 +11,8 @@ per job:
 3. feed the rest to the job's :class:`~analyzer.engine.JobAnalyzer`;
 4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points, and the
    rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
-   :mod:`analyzer.rollups`), all keyed by time and tags, so a re-run writes the same points
+   :mod:`analyzer.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
+   (read back from ``rollup_host``), all keyed by time and tags, so a re-run writes the same points
    again. Iterations written while no analyzer ran are rolled up by ``rankscope rollup``.
 
 After a restart the state is rebuilt from the database: the job's incidents
@@ -33,7 +34,8 @@ from tqdm import tqdm
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
 from analyzer.events import OutOfBandEvent
-from analyzer.rollups import incident_host_frame, rollup_frames
+from analyzer.rollup_cli import write_windows
+from analyzer.rollups import closed_windows, incident_host_frame, rollup_frames
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.incident import Incident, incidents_frame, load_incidents
@@ -74,6 +76,7 @@ class AnalyzerService:
         self.progress = progress
         self.analyzers: dict[str, JobAnalyzer] = {}
         self.watermark: dict[str, int] = {}   # time (ms) of the last processed iteration
+        self.windows_done: dict[str, int] = {}   # end (ms) of the rollup_host_5m windows written
 
     # --------------------------------------------------------------- start
     def _start_job(self, job: str, first: pd.DataFrame) -> JobAnalyzer:
@@ -116,6 +119,7 @@ class AnalyzerService:
         changed: dict[str, Incident] = {}
         cps = []
         n_iters = 0
+        first_ms: int | None = None
         bar = tqdm(desc=f"analyze {job}", unit="it", disable=None if self.progress else True, leave=False,
                    dynamic_ncols=True)
         while True:
@@ -139,6 +143,7 @@ class AnalyzerService:
             self._read_events(job, ja)
             t1 = time.perf_counter()
             cube = frame_to_cube(frame, ja.topo.world, ja.stages.names)
+            first_ms = int(cube.times.min()) if first_ms is None else first_ms
             res = ja.feed(cube)
             report.analyze_s += time.perf_counter() - t1
             t2 = time.perf_counter()
@@ -160,9 +165,22 @@ class AnalyzerService:
         report.iterations[job] = n_iters
         t2 = time.perf_counter()
         self._write(ja, cps, list(changed.values()))
+        self._write_windows(job, ja, first_ms, final)
         report.write_s += time.perf_counter() - t2
         report.changepoints += len(cps)
         report.incidents += list(changed.values())
+
+    def _write_windows(self, job: str, ja: JobAnalyzer, first_ms: int | None, final: bool) -> None:
+        """``rollup_host_5m`` for the windows closed since the last cycle (from the window of the
+        first iteration this analyzer processed); a final cycle also writes the open one, which
+        a later cycle rewrites whole."""
+        since = self.windows_done.get(job, first_ms)
+        if since is None:
+            return
+        w = schema.ROLLUP_WINDOW_MS
+        start, end = closed_windows(since, ja.last_time_ms, LATE_MARGIN_MS, w)
+        write_windows(self.store, job, start, (ja.last_time_ms // w + 1) * w if final else end, w)
+        self.windows_done[job] = end
 
     def _follow_placement(self, ja: JobAnalyzer, frame: pd.DataFrame) -> JobAnalyzer:
         """When the hosts the ranks report put them elsewhere than the analyzer thinks (a

@@ -4,7 +4,8 @@ The analyzer rolls up every iteration it processes; iterations stored before it 
 (an imported trace, a replayed scenario) or while it was down longer than its replay
 ``history`` have no ``rollup_host`` / ``rollup_job`` points, so the NOC walls show a gap.
 This command walks a job's ``stage_latency`` from ``--since`` in chunks of iterations and
-writes their rollups (:mod:`analyzer.rollups`). Points are keyed by the iteration's time and
+writes their rollups (:mod:`analyzer.rollups`), then the ``rollup_host_5m`` windows the range
+touches (read back from ``rollup_host``, so a window's points from before the range count). Points are keyed by the iteration's time and
 tags: running it again over the same range writes the same points, never duplicates.
 """
 
@@ -20,11 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.rollups import rollup_frames
+from analyzer.rollups import rollup_frames, window_rollup
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.store import Store, open_store
 from rankscope.topology import Topology, TopologyError, infer_topology
+
+#: Windows of ``rollup_host_5m`` read back at once (an hour: 12 x 1,620 x 10 points at IL-0477).
+WINDOWS_PER_READ = 12
 
 _AGO = re.compile(r"(\d+)(s|m|h|d|w)")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -100,7 +104,26 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
             report.last_ms = int(np.max(cube.times))
         if len(times) < chunk_iterations:
             break
+    if report.iterations:
+        # every window the range touches, its edges included: the window's other points count
+        w = schema.ROLLUP_WINDOW_MS
+        n = write_windows(store, job, report.first_ms // w * w, (report.last_ms // w + 1) * w, w)
+        report.points[schema.ROLLUP_HOST_WINDOW] = n
     return report
+
+
+def write_windows(store: Store, job: str, start_ms: int, end_ms: int,
+                  window_ms: int = schema.ROLLUP_WINDOW_MS) -> int:
+    """Write the ``rollup_host_5m`` points of the windows in ``[start_ms, end_ms)`` (window
+    aligned) from the ``rollup_host`` points the store holds for them, so the points written
+    before a restart or by a backfill count. Returns how many points were written."""
+    written = 0
+    step = window_ms * WINDOWS_PER_READ
+    for lo in range(start_ms, end_ms, step):
+        host = store.read(schema.ROLLUP_HOST, job, lo, min(lo + step, end_ms) - 1)
+        if len(host):
+            written += store.write_measurement(schema.ROLLUP_HOST_WINDOW, window_rollup(host, window_ms)).written
+    return written
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -109,8 +132,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "rollup", help="write the rollups the dashboards read for iterations stored before the analyzer ran",
         description="Read stage_latency from --since (to --until) and write rollup_host and rollup_job, "
-                    "the per-host and per-job points the NOC walls, the L1 panels and the alert rules "
-                    "read. The analyzer writes them for every iteration it processes; this fills the "
+                    "the per-host and per-job points the NOC walls, the L1 panels and the alert rules read, "
+                    "and rollup_host_5m for every 5-minute window the range touches. The analyzer writes them for every iteration it processes; this fills the "
                     "iterations it never saw. Idempotent: running it again writes the same points.")
     add_store_options(p)
     p.add_argument("--since", required=True, metavar="TIME",

@@ -8,7 +8,7 @@ rankscope's retention policies. Then, with Grafana's macros and variables filled
 fill them (tests/grafana_macros.py) over the whole run:
 
 - every NOC query and every heatmap query, median of ``--repeat`` runs, measured side by side;
-- the per-node heatmap from ``rollup_host`` against the very same panel over raw
+- the per-node heatmap from ``rollup_host_5m`` against the very same panel over raw
   ``stage_latency`` (the panel before the rollups), side by side;
 - bytes on disk per rank per iteration of the raw and the long policy after compaction (the
   benchmark runs its own influxd, whose cold shards compact within seconds, so it can read its
@@ -31,6 +31,7 @@ import numpy as np
 
 from analyzer.rollups import rollup_frames
 from dashboards import provisioning
+from dashboards.panels import HEATMAP_MAX_CELLS
 from dashboards.report import write_report
 from rankscope import schema
 from rankscope.config import LONG_POLICY, RAW_POLICY, Retention
@@ -52,7 +53,8 @@ JOB = "il-0477"
 ARGUS_BYTES_PER_RANK_STEP = 2.7 * 1024
 BIG = Topology(tp=8, pp=10, dp=1250, ep=25, gpus_per_node=8)
 TARGET_S = 1.0
-ROLLUP = f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}"'
+ROLLUP = f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}'
+WINDOWS = f'"{LONG_POLICY}"."{schema.ROLLUP_HOST_WINDOW}"'
 RAW = f'"{schema.STAGE_LATENCY}"'
 
 
@@ -140,8 +142,8 @@ def run(ctx) -> str:
                 queries[label] = pq.query
                 if name == "noc" or ROLLUP in pq.query:
                     overview.add(label)
-        by_node = next(k for k, q in queries.items() if ROLLUP in q and '"node"' in q.split("GROUP BY")[-1])
-        raw_panel = queries[by_node].replace(ROLLUP, RAW)
+        by_node = next(k for k, q in queries.items() if WINDOWS in q and '"node"' in q.split("GROUP BY")[-1])
+        raw_panel = queries[by_node].replace(WINDOWS, RAW)
         shape = {k: _series_points(run_q(q)) for k, q in queries.items()}
         raw_shape = _series_points(run_q(raw_panel))
         times = ctx.side_by_side({k: (lambda q=q: run_q(q)) for k, q in queries.items()}, repeat=ctx.repeat)
@@ -162,7 +164,8 @@ def run(ctx) -> str:
     span = f"{minutes / 60:g} h" if minutes >= 60 else f"{minutes:g} min"
     worst = max(times[k] for k in overview)
     raw_points = world * ITERATIONS
-    host_points = nodes * ITERATIONS
+    n_windows = len({(start + i * STEP_MS) // schema.ROLLUP_WINDOW_MS for i in range(ITERATIONS)})
+    host_points = nodes * n_windows
     per_point_s = pair["rollup"] / host_points
     big_nodes_pp = BIG.nodes // BIG.pp
     lines = [
@@ -187,7 +190,7 @@ def run(ctx) -> str:
         "",
         f"- Slowest NOC or heatmap-overview query: **{worst * 1000:.0f} ms** (target under "
         f"{TARGET_S * 1000:.0f} ms: {'met' if worst < TARGET_S else 'NOT met'}).",
-        f"- The per-node heatmap over {span}, side by side: from `rollup_host` "
+        f"- The per-node heatmap over {span}, side by side: from `{schema.ROLLUP_HOST_WINDOW}` "
         f"**{pair['rollup'] * 1000:.0f} ms** ({host_points:,} points read, {shape[by_node][1]:,} cells) against "
         f"**{pair['raw'] * 1000:.0f} ms** for the same panel over raw `stage_latency` ({raw_points:,} points, "
         f"{raw_shape[1]:,} cells): **{speedup:.1f}x** faster (target 10x: {'met' if speedup >= 10 else 'NOT met'}).",
@@ -208,11 +211,12 @@ def run(ctx) -> str:
         f"- 100,000 ranks (tp=8 pp=10 dp=1250, {BIG.nodes:,} nodes): the rollup of one iteration, measured, "
         f"takes {big_s * 1000:.0f} ms and writes {big_hosts:,} `rollup_host` + {big_jobs} `rollup_job` "
         f"points (1/{BIG.world // big_hosts} of the raw points). Extrapolated from this run's "
-        f"{per_point_s * 1e9:.0f} ns per rollup point read: the per-node heatmap over {span} of one pp "
-        f"stage ({big_nodes_pp:,} rows, the panel's `pp` variable) reads {big_nodes_pp * ITERATIONS:,} points, "
-        f"about {per_point_s * big_nodes_pp * ITERATIONS * 1000:.0f} ms; all {BIG.nodes:,} rows "
-        f"(over the 2,000-row budget, so the panel needs the `pp` filter at that size) about "
-        f"{per_point_s * BIG.nodes * ITERATIONS:.1f} s. The NOC's queries read `rollup_job`, one point per "
+        f"{per_point_s * 1e6:.1f} us per window point read (cells dominate): the per-node heatmap over "
+        f"{span} of one pp stage ({big_nodes_pp:,} rows, the panel's `pp` variable) reads "
+        f"{big_nodes_pp * n_windows:,} points, about {per_point_s * big_nodes_pp * n_windows * 1000:.0f} ms; "
+        f"all {BIG.nodes:,} rows (over the 2,000-row budget, so the panel needs the `pp` filter at that "
+        f"size) about {per_point_s * BIG.nodes * n_windows:.1f} s; its cell budget leaves "
+        f"{max(HEATMAP_MAX_CELLS // BIG.nodes, 1)} columns for all rows. The NOC's queries read `rollup_job`, one point per "
         f"iteration whatever the rank count.",
         f"- `rankscope dashboards generate` (render all {len(provisioning.render_all())} files): "
         f"{gen_s * 1000:.0f} ms median.",

@@ -1,10 +1,11 @@
 """Rank x stage heatmap: one stage, ranks (rows) over time (columns), as in IL-0477.
 
 At 12,960 ranks a browser cannot draw one row per rank, so the overview
-draws one row per node (8 ranks each: 1,620 rows) from the ``rollup_host``
-points the analyzer writes per host and iteration (the mean over the node's
-ranks), never the 12,960 raw series, and asks for few enough columns that the
-answer stays small over hours. Raw points are read only by the drill-down,
+draws one row per node (8 ranks each: 1,620 rows) from the 5-minute windows
+of the per-host rollups (``rollup_host_5m``: the mean over the node's ranks),
+never the 12,960 raw series, and asks for few enough columns that the answer
+stays small over hours; a second panel shows the last 30 minutes from the
+per-iteration ``rollup_host``. Raw points are read only by the drill-down,
 single ranks of the chosen dp ranges (an EP group of 32 ranks each), and by
 the snapshot table of those ranks; the ratio heatmap shows the analyzer's
 per-rank ratio to the group median (only ranks above its reporting floor).
@@ -41,17 +42,26 @@ MAX_DP_RANGES = 16
 def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
     lay = Layout()
     where = "\"job\" = '$job' AND \"pp\" =~ /^$pp$/ AND $timeFilter"
+    cols = max(HEATMAP_MAX_CELLS // topology.nodes, 1)
     by_node = rows_heatmap(
-        "$stage by node, all ranks (mean over the node's ranks)",
-        f"SELECT mean(\"$stage\") FROM {source(schema.ROLLUP_HOST)} WHERE {where} "
+        "$stage by node, all ranks (mean over the node's ranks, 5-minute windows)",
+        f"SELECT mean(\"$stage\") FROM {source(schema.ROLLUP_HOST_WINDOW)} WHERE {where} "
         f"GROUP BY time($__interval), \"node\" fill(none)",
-        lay.place(24, 14), row_tag="node", max_rows=topology.nodes,
-        max_points=max(HEATMAP_MAX_CELLS // topology.nodes, 1),
+        lay.place(24, 14), row_tag="node", max_rows=topology.nodes, max_points=cols, min_interval="5m",
         description=f"Rows are nodes ({topology.gpus_per_node} ranks each, {topology.nodes} at most), "
                     f"columns time. A bright row is a slow node; a dark band across many nodes is a "
                     f"collective that finished early because its members arrived late. Read from the "
-                    f"per-host rollups: one column per iteration over the last half hour, a few "
-                    f"iterations per column over hours.")
+                    f"5-minute windows of the per-host rollups, written when a window closes (the "
+                    f"newest minutes are in the panel below): a wall over hours reads one point per "
+                    f"node per 5 minutes.")
+    lay.newline()
+    recent = rows_heatmap(
+        "$stage by node, last 30 minutes (mean over the node's ranks)",
+        f"SELECT mean(\"$stage\") FROM {source(schema.ROLLUP_HOST)} WHERE {where} "
+        f"GROUP BY time($__interval), \"node\" fill(none)",
+        lay.place(24, 10), row_tag="node", max_rows=topology.nodes, max_points=cols, time_from="30m",
+        description="The same rows over the last 30 minutes whatever the dashboard's range, from the "
+                    "per-iteration host rollups: what happened since the last 5-minute window closed.")
     lay.newline()
     drill_where = "\"job\" = '$job' AND \"ep_group\" =~ /^$dp$/ AND $timeFilter"
     by_rank = rows_heatmap(
@@ -87,7 +97,7 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
     return DashboardSpec(
         uid=UID, title="rankscope / rank x stage heatmap",
         description="Per-rank stage latency over time; node overview and single-rank drill-down.",
-        panels=[by_node, by_rank, snapshot, ratio],
+        panels=[by_node, recent, by_rank, snapshot, ratio],
         variables=[job_variable(), stage_variable(), pp_variable(), dp_range_variable(topology)],
         time_from="now-3h", refresh="1m",
         links=[dashboard_link("NOC overview", "rankscope-noc", include_vars=False),

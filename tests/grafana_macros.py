@@ -1,7 +1,8 @@
 """What Grafana does to an InfluxQL query before sending it, so tests can run the
 generated queries against a real InfluxDB exactly as Grafana would.
 
-- ``$timeFilter`` -> ``time >= <from>ms and time <= <to>ms``;
+- ``$timeFilter`` -> ``time >= <from>ms and time <= <to>ms`` (a panel's relative time
+  override ``timeFrom`` makes its range the last ``timeFrom`` up to the range's end);
 - ``$__interval`` / ``$interval`` -> the panel's interval (time range / maxDataPoints,
   rounded like Grafana's ``roundInterval``, at least the panel's or data source's
   minimum interval), ``$__interval_ms`` -> the same in ms;
@@ -223,11 +224,13 @@ def dashboard_queries(model: dict, variables: dict[str, Variable], time_range: T
     else the data source's)."""
     out = []
     for panel in model["panels"]:
-        interval = panel_interval_ms(time_range, panel.get("maxDataPoints"),
-                                     panel.get("interval") or default_min_interval)
+        tr = time_range
+        if panel.get("timeFrom"):   # relative time override: the last <timeFrom> up to the range's end
+            tr = TimeRange(time_range.end_ms - parse_duration_ms(panel["timeFrom"]), time_range.end_ms)
+        interval = panel_interval_ms(tr, panel.get("maxDataPoints"), panel.get("interval") or default_min_interval)
         for t in panel.get("targets", []):
             out.append(PanelQuery(f"panel {panel['id']} {panel['title']!r} {t['refId']}",
-                                  interpolate(t["query"], variables, time_range, interval), panel["title"]))
+                                  interpolate(t["query"], variables, tr, interval), panel["title"]))
     for ann in model["annotations"]["list"]:
         out.append(PanelQuery(f"annotation {ann['name']!r}", interpolate(ann["query"], variables, time_range, 1000),
                               f"annotation: {ann['name']}"))

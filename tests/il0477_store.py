@@ -10,7 +10,7 @@ here that follow :mod:`rankscope.schema` and the incident write-up: mlp of
 ranks 10352-10359 at 170-280 ms from the onset, reduce_scatter short at dp
 256-287 of every pp stage, iteration time 30 s -> 90 s, the "server port down"
 event, the analyzer's measurements (l1_changepoint, l2_group, l2_rank, incident,
-incident_host) and the rollups (rollup_host, rollup_job). The dashboards benchmark
+incident_host) and the rollups (rollup_host, rollup_host_5m, rollup_job). The dashboards benchmark
 writes the same points at any length (``write_schema_points(iterations=720)``),
 generated and written a chunk of iterations at a time.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.rollups import incident_host_frame, rollup_frames
+from analyzer.rollups import incident_host_frame, rollup_frames, window_rollup
 from rankscope import schema
 from rankscope.config import Retention
 from rankscope.frames import LatencyCube, cube_to_frame
@@ -156,6 +156,7 @@ def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations:
     topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
     times = start_ms + np.arange(iterations, dtype=np.int64) * step_ms
     last_window = None
+    pending: pd.DataFrame | None = None   # rollup_host rows of a window not yet complete
     for first in range(0, iterations, CHUNK):
         t0 = time.perf_counter()
         its = np.arange(first, min(first + CHUNK, iterations))
@@ -167,9 +168,18 @@ def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations:
         store.write_stage_latency(raw)
         t2 = time.perf_counter()
         rolled = rollup_frames(job, topo, LatencyCube(its, times[its], list(stages), values, it_ms))
+        # the 5-minute windows every iteration of which is written (the last chunk: all of them)
+        pending = pd.concat([pending, rolled[schema.ROLLUP_HOST]]) if pending is not None \
+            else rolled[schema.ROLLUP_HOST]
+        w = schema.ROLLUP_WINDOW_MS
+        cut = (int(times[its[-1]]) + step_ms) // w * w if its[-1] + 1 < iterations else np.iinfo(np.int64).max
+        closed = pending["time"].to_numpy() < cut
+        rolled[schema.ROLLUP_HOST_WINDOW] = window_rollup(pending[closed])
+        pending = pending[~closed]
         t3 = time.perf_counter()
         for name, frame in rolled.items():
-            store.write_measurement(name, frame)
+            if len(frame):
+                store.write_measurement(name, frame)
         t4 = time.perf_counter()
         for key, seconds in (("generate", t1 - t0), ("raw", t2 - t1), ("rollup", t3 - t2), ("rollup_write", t4 - t3)):
             clock[key] = clock.get(key, 0.0) + seconds

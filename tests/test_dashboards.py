@@ -250,10 +250,15 @@ def test_raw_points_are_read_only_by_bounded_drill_downs():
     assert raw and all(w.startswith("heatmap panel") for w, _ in raw), [w for w, _ in raw]
     for where, q in raw:
         assert '"ep_group" =~ /^$dp$/' in q, where
-    by_node = next(p for p in MODELS["heatmap"]["panels"] if p["rankscope"]["rowTag"] == "node")
-    assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}"' in by_node["targets"][0]["query"]
+    by_node, recent = [p for p in MODELS["heatmap"]["panels"] if p["rankscope"]["rowTag"] == "node"]
+    # over hours: the 5-minute windows, never finer than they are; the last 30 minutes: per iteration
+    assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST_WINDOW}"' in by_node["targets"][0]["query"]
+    assert by_node["interval"] == "5m" and not by_node.get("timeFrom")
+    assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}"' in recent["targets"][0]["query"]
+    assert recent["timeFrom"] == "30m"
     # few enough columns that the answer over hours stays small: rows x columns within the budget
-    assert by_node["rankscope"]["maxRows"] * by_node["maxDataPoints"] <= HEATMAP_MAX_CELLS
+    for panel in (by_node, recent):
+        assert panel["rankscope"]["maxRows"] * panel["maxDataPoints"] <= HEATMAP_MAX_CELLS
 
 
 # ---------------------------------------------------------------------- alert routing

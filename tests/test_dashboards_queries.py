@@ -4,6 +4,7 @@ policies) and returns rows; none reads raw points older than the raw policy."""
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.parse
 import urllib.request
@@ -79,19 +80,21 @@ def test_heatmaps_draw_bounded_rows_and_show_the_culprit_band(il0477):
     for p in heatmaps:
         res = ran[str(p["id"])]
         assert 0 < len(res.series) <= min(p["rankscope"]["maxRows"], HEATMAP_MAX_ROWS), p["title"]
-    # The node overview (all pp stages): one row per node, and node 1294 (ranks 10352-10359) glows in mlp.
-    by_node = ran[str(heatmaps[0]["id"])]
-    assert len(by_node.series) == TOPOLOGY.nodes
+    # The node overviews (over hours, and the last 30 minutes; all pp stages): one row per node, and
+    # node 1294 (ranks 10352-10359) glows in mlp.
     onset_ms = int(il0477.store.read("incident", il0477.job)["time"].min())
-    late_means = {}
-    for s in by_node.series:
-        vals = [v[1] for v in s["values"] if v[0] > onset_ms + 120_000 and v[1] is not None]
-        late_means[int(s["tags"]["node"])] = sum(vals) / len(vals)
-    culprit = late_means.pop(1294)
-    others = sorted(late_means.values())
-    assert culprit > 3 * others[len(others) // 2], (culprit, others[len(others) // 2])
+    for panel in heatmaps[:2]:
+        by_node = ran[str(panel["id"])]
+        assert panel["rankscope"]["rowTag"] == "node" and len(by_node.series) == TOPOLOGY.nodes
+        late_means = {}
+        for s in by_node.series:
+            vals = [v[1] for v in s["values"] if v[0] > onset_ms + 120_000 and v[1] is not None]
+            late_means[int(s["tags"]["node"])] = sum(vals) / len(vals)
+        culprit = late_means.pop(1294)
+        others = sorted(late_means.values())
+        assert culprit > 3 * others[len(others) // 2], (panel["title"], culprit, others[len(others) // 2])
     # Drill-down: single ranks of the default dp ranges (pp7 dp 224-319) include the 8 culprits.
-    drill = ran[str(heatmaps[1]["id"])]
+    drill = ran[str(heatmaps[2]["id"])]
     ranks = {int(s["tags"]["rank"]) for s in drill.series}
     assert set(parse_ranks("10352-10359")) <= ranks and len(ranks) == 96
 
@@ -123,25 +126,46 @@ def test_alert_rule_query_returns_rows_and_fires_on_il0477(il0477, rule):
 def test_the_database_keeps_raw_points_7_days_and_the_rest_400_days(il0477):
     policies = il0477.store.retention_policies()
     assert policies == {"raw": (7 * 86400, True), "long": (400 * 86400, False)}
-    counts = {m: il0477.store.query_raw(f'SELECT count("iteration") FROM "long"."{m}"')
-              for m in (schema.ROLLUP_HOST, schema.ROLLUP_JOB)}
-    assert int(counts[schema.ROLLUP_JOB].iloc[0, -1]) == 40
-    assert int(counts[schema.ROLLUP_HOST].iloc[0, -1]) == 40 * TOPOLOGY.nodes
+    counts = {m: il0477.store.query_raw(f'SELECT count("iteration"), sum("iterations") FROM "long"."{m}"')
+              for m in (schema.ROLLUP_HOST, schema.ROLLUP_JOB, schema.ROLLUP_HOST_WINDOW)}
+    assert int(counts[schema.ROLLUP_JOB]["count"].iloc[0]) == 40
+    assert int(counts[schema.ROLLUP_HOST]["count"].iloc[0]) == 40 * TOPOLOGY.nodes
+    # every iteration of every host is in exactly one 5-minute window
+    w = schema.ROLLUP_WINDOW_MS
+    windows = len(set(t // w for t in il0477.store.latest_times(schema.STAGE_LATENCY, il0477.job, 40)))
+    assert int(counts[schema.ROLLUP_HOST_WINDOW]["count"].iloc[0]) == windows * TOPOLOGY.nodes
+    assert int(counts[schema.ROLLUP_HOST_WINDOW]["sum"].iloc[0]) == 40 * TOPOLOGY.nodes
 
 
-def test_the_node_heatmap_from_rollups_draws_what_the_raw_points_say(il0477):
-    """The overview reads rollup_host; the same panel over raw stage_latency gives the same cells."""
+def _cells(res) -> dict[tuple[str, int], float]:
+    return {(s["tags"]["node"], v[0]): v[1] for s in res.series for v in s["values"]}
+
+
+def test_the_node_heatmaps_from_rollups_draw_what_the_raw_points_say(il0477):
+    """The overview reads the 5-minute windows, the last-30-minutes panel rollup_host; over raw
+    stage_latency the same queries give the same cells (every node reports all its ranks)."""
     model = provisioning.dashboard_models()["heatmap"]
-    by_node = next(p for p in model["panels"] if p.get("rankscope", {}).get("rowTag") == "node")
-    (q,) = [q for where, q, _ in _run_dashboard(il0477, model) if where.startswith(f"panel {by_node['id']} ")]
-    raw_q = q.replace('"long"."rollup_host"', '"stage_latency"')
-    assert raw_q != q
-    fast, slow = (influx_query(il0477.url, il0477.db, x) for x in (q, raw_q))
-    cells = {(s["tags"]["node"], v[0]): v[1] for s in slow.series for v in s["values"]}
-    got = {(s["tags"]["node"], v[0]): v[1] for s in fast.series for v in s["values"]}
-    assert got.keys() == cells.keys() and len(got) >= 40 * TOPOLOGY.nodes / 2
-    keys = sorted(got)
-    assert np.allclose([got[k] for k in keys], [cells[k] for k in keys], rtol=1e-9)
+    by_node, recent = [p for p in model["panels"] if p.get("rankscope", {}).get("rowTag") == "node"]
+    queries = {where.split(" ")[1]: q for where, q, _ in _run_dashboard(il0477, model)}
+    q_hours, q_recent = queries[str(by_node["id"])], queries[str(recent["id"])]
+    for q, src in ((q_hours, f'"long"."{schema.ROLLUP_HOST_WINDOW}"'), (q_recent, '"long"."rollup_host"')):
+        raw_q = q.replace(src, '"stage_latency"')
+        assert raw_q != q
+        fast, slow = (_cells(influx_query(il0477.url, il0477.db, x)) for x in (q, raw_q))
+        # a window's point is at its start: the window the range begins inside is not drawn
+        first = min(t for _, t in slow)
+        assert {k for k in slow.keys() - fast.keys() if k[1] != first} == set(), src
+        assert fast.keys() <= slow.keys() and len(fast) >= TOPOLOGY.nodes, src
+        keys = sorted(fast)
+        assert np.allclose([fast[k] for k in keys], [slow[k] for k in keys], rtol=1e-9), src
+    # a coarser column (a longer range): the mean of its 5-minute windows
+    coarse = re.sub(r"time\(\w+\)", "time(20m)", q_hours)
+    fine = _cells(influx_query(il0477.url, il0477.db, re.sub(r"time\(\w+\)", "time(5m)", q_hours)))
+    got = _cells(influx_query(il0477.url, il0477.db, coarse))
+    assert len(got) >= TOPOLOGY.nodes
+    for (node, t), v in list(got.items())[:200]:
+        inside = [x for (n, u), x in fine.items() if n == node and t <= u < t + 20 * 60_000]
+        assert inside and np.isclose(v, np.mean(inside), rtol=1e-9), (node, t)
 
 
 def _influx_write(url: str, db: str, rp: str, line: str) -> None:

@@ -8,7 +8,14 @@ import pytest
 
 from analyzer.cycle import AnalyzerService
 from analyzer.rollup_cli import parse_time
-from analyzer.rollups import Placement, host_rollup, incident_host_frame, job_rollup, rollup_frames
+from analyzer.rollups import (
+    Placement,
+    host_rollup,
+    incident_host_frame,
+    job_rollup,
+    rollup_frames,
+    window_rollup,
+)
 from rankscope import schema
 from rankscope.cli import main
 from rankscope.frames import LatencyCube, frame_to_cube
@@ -147,6 +154,53 @@ def test_the_analyzer_writes_the_rollups_of_what_it_processed_and_a_rerun_the_sa
     assert len(influx_store.read(schema.INCIDENT_HOST, "tiny")) == 1
 
 
+def _windows(store, job: str) -> pd.DataFrame:
+    return store.read(schema.ROLLUP_HOST_WINDOW, job).sort_values(["time", "node"]).reset_index(drop=True)
+
+
+def test_window_rollup_is_the_mean_of_the_hosts_iterations_in_each_window():
+    cube = _cube(TINY, t=12)
+    cube.times[:] = START // 300_000 * 300_000 + np.arange(12) * 60_000     # 5 per window: 5, 5, 2
+    host = host_rollup("tiny", Placement.of(TINY), cube)
+    win = window_rollup(host)
+    assert len(win) == 3 * TINY.nodes and win["iterations"].tolist() == [5] * TINY.nodes * 2 + [2] * TINY.nodes
+    node1 = host[host["node"] == 1]
+    w = win[win["node"] == 1].reset_index(drop=True)
+    assert w["time"].tolist() == sorted(set(node1["time"] // 300_000 * 300_000))
+    for k, (lo, hi) in enumerate(((0, 5), (5, 10), (10, 12))):
+        part = node1.iloc[lo:hi]
+        assert w.loc[k, "mlp"] == pytest.approx(part["mlp"].mean())
+        assert w.loc[k, "mlp_max"] == pytest.approx(part["mlp_max"].max())
+        assert w.loc[k, "iteration"] == part["iteration"].min() and w.loc[k, "ranks"] == 4
+    # the same host points again (a backfill) give the same windows
+    pd.testing.assert_frame_equal(window_rollup(host.sample(frac=1, random_state=1)), win)
+    assert window_rollup(host.iloc[:0]).empty
+    with pytest.raises(ValueError, match="positive"):
+        window_rollup(host, 0)
+
+
+def test_the_analyzer_writes_a_window_once_it_closed_and_a_restart_completes_it(influx_store):
+    simulate(_scenario(), influx_store, start_ms=START, progress=False)
+    AnalyzerService(influx_store).cycle()          # a live cycle: only windows that have closed
+    hosts = influx_store.read(schema.ROLLUP_HOST, "tiny")
+    hosts["window"] = hosts["time"] // 300_000 * 300_000
+    per_window = hosts.groupby("window")["iteration"].nunique()
+    last_ms = int(hosts["time"].max())
+    closed = per_window[per_window.index + 300_000 <= last_ms - 120_000]
+    live = _windows(influx_store, "tiny")
+    assert len(closed) >= 2 and sorted(set(live["time"])) == closed.index.tolist()
+    assert (live.groupby("time")["iterations"].first() == closed).all()
+    # a restarted analyzer's final cycle adds the windows still open, the closed ones unchanged
+    AnalyzerService(influx_store).cycle(final=True)
+    done = _windows(influx_store, "tiny")
+    assert sorted(set(done["time"])) == per_window.index.tolist()
+    assert done["iterations"].sum() == 24 * TINY.nodes
+    pd.testing.assert_frame_equal(done[done["time"].isin(closed.index)].reset_index(drop=True), live,
+                                  check_like=True)
+    node1 = hosts[hosts["node"] == 1].groupby("window")["mlp"].mean()
+    assert np.allclose(done[done["node"] == 1]["mlp"], node1)
+
+
 def test_rollup_command_backfills_what_the_analyzer_never_saw_idempotently(any_store, capsys, tmp_path):
     sc = _scenario(iterations=16)
     simulate(sc, any_store, start_ms=START, progress=False)
@@ -162,6 +216,11 @@ def test_rollup_command_backfills_what_the_analyzer_never_saw_idempotently(any_s
     again = any_store.read(schema.ROLLUP_HOST, "tiny").sort_values(["time", "node"]).reset_index(drop=True)
     assert len(again) == 16 * TINY.nodes
     pd.testing.assert_frame_equal(first, again)
+    # every 5-minute window the range touches, from every rollup_host point in it
+    windows = _windows(any_store, "tiny")
+    assert windows["iterations"].sum() == 16 * TINY.nodes
+    pd.testing.assert_frame_equal(windows, window_rollup(again).sort_values(["time", "node"]).reset_index(
+        drop=True), check_like=True, check_dtype=False)
     # the same numbers the analyzer's own rollup of the raw points gives
     raw = any_store.read_stage_latency("tiny")
     cube = frame_to_cube(raw, TINY.world, schema.DEFAULT_STAGES.names)
