@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dashboards.panels import (
     HEATMAP_MAX_CELLS,
+    HEATMAP_RECENT_MAX_CELLS,
     DashboardSpec,
     HeatmapColor,
     Layout,
@@ -59,7 +60,8 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
         "$stage by node, last 30 minutes (mean over the node's ranks)",
         f"SELECT mean(\"$stage\") FROM {source(schema.ROLLUP_HOST)} WHERE {where} "
         f"GROUP BY time($__interval), \"node\" fill(none)",
-        lay.place(24, 10), row_tag="node", max_rows=topology.nodes, max_points=cols, time_from="30m",
+        lay.place(24, 10), row_tag="node", max_rows=topology.nodes, time_from="30m",
+        max_points=min(max(HEATMAP_RECENT_MAX_CELLS // topology.nodes, 1), 30),
         description="The same rows over the last 30 minutes whatever the dashboard's range, from the "
                     "per-iteration host rollups: what happened since the last 5-minute window closed.")
     lay.newline()

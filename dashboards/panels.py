@@ -30,11 +30,14 @@ DATASOURCE: dict[str, str] = {"type": "influxdb", "uid": DATASOURCE_UID}
 
 #: Most rows a heatmap may ask a browser to draw.
 HEATMAP_MAX_ROWS = 2000
-#: Most cells (rows x columns) a heatmap over every host asks InfluxDB for: the answer's size,
-#: not the points read, is what a wall over hours waits for (influxd 1.6 spends ~6 us per cell
-#: of ``GROUP BY time(), "node"``: 30,000 cells ~0.2 s). 1,620 node rows in a 14-unit panel
-#: (~400 px) already share pixels; more columns would draw nothing more.
-HEATMAP_MAX_CELLS = 30_000
+#: Most cells (rows x columns) a heatmap over every host and hours asks InfluxDB for: the
+#: answer's size, not the points read, is what a wall waits for (influxd 1.6 spends ~5.5 us per
+#: returned cell of ``GROUP BY time(), "node"`` on top of ~75 ms for 1,620 series: 13,000 cells
+#: ~0.15 s, BENCHMARKS.md). At IL-0477's 1,620 nodes that is 8 columns (hour-long over 6 h,
+#: 20 minutes over 3 h); a job of 200 nodes gets 65. Recent detail is a panel of its own.
+HEATMAP_MAX_CELLS = 13_000
+#: The same for a heatmap bounded to the last half hour: one column a minute up to 2,000 rows.
+HEATMAP_RECENT_MAX_CELLS = 60_000
 #: Grid width of a Grafana dashboard.
 GRID_COLUMNS = 24
 

@@ -14,6 +14,7 @@ from dashboards.panels import (
     GRID_COLUMNS,
     HEATMAP_MAX_CELLS,
     HEATMAP_MAX_ROWS,
+    HEATMAP_RECENT_MAX_CELLS,
     Layout,
     rows_heatmap,
 )
@@ -250,15 +251,16 @@ def test_raw_points_are_read_only_by_bounded_drill_downs():
     assert raw and all(w.startswith("heatmap panel") for w, _ in raw), [w for w, _ in raw]
     for where, q in raw:
         assert '"ep_group" =~ /^$dp$/' in q, where
-    by_node, recent = [p for p in MODELS["heatmap"]["panels"] if p["rankscope"]["rowTag"] == "node"]
+    by_node, recent = [p for p in MODELS["heatmap"]["panels"] if p.get("rankscope", {}).get("rowTag") == "node"]
     # over hours: the 5-minute windows, never finer than they are; the last 30 minutes: per iteration
     assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST_WINDOW}"' in by_node["targets"][0]["query"]
     assert by_node["interval"] == "5m" and not by_node.get("timeFrom")
     assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}"' in recent["targets"][0]["query"]
     assert recent["timeFrom"] == "30m"
     # few enough columns that the answer over hours stays small: rows x columns within the budget
-    for panel in (by_node, recent):
-        assert panel["rankscope"]["maxRows"] * panel["maxDataPoints"] <= HEATMAP_MAX_CELLS
+    assert by_node["rankscope"]["maxRows"] * by_node["maxDataPoints"] <= HEATMAP_MAX_CELLS
+    assert recent["rankscope"]["maxRows"] * recent["maxDataPoints"] <= HEATMAP_RECENT_MAX_CELLS
+    assert recent["maxDataPoints"] <= 30   # a column a minute at most: its range is 30 minutes
 
 
 # ---------------------------------------------------------------------- alert routing
