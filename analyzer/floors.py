@@ -18,7 +18,7 @@ Example::
     >>> from rankscope.topology import Topology
     >>> t = Topology(tp=1, pp=2, dp=8, ep=4, gpus_per_node=4)
     >>> f = TransferFloorScorer(t, DEFAULT_STAGES)
-    >>> v = np.full((16, 10), 5.0)
+    >>> v = np.full((16, len(DEFAULT_STAGES)), 5.0)
     >>> for _ in range(6):
     ...     _ = f.update(v)
     >>> # node 1 (ranks 4-7) has a slow NIC: its EP all-to-all (column 2) and its

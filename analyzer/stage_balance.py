@@ -15,7 +15,7 @@ Example::
     >>> from rankscope.topology import Topology
     >>> t = Topology(tp=1, pp=4, dp=8, ep=4, gpus_per_node=8)
     >>> b = PipelineBalanceScorer(t, DEFAULT_STAGES)
-    >>> v = np.full((32, 10), 40.0)
+    >>> v = np.full((32, len(DEFAULT_STAGES)), 40.0)
     >>> for _ in range(6):
     ...     _ = b.update(v)
     >>> v[t.pp_index == 2, 1] *= 1.8        # stage pp=2 does 1.8x the mlp work

@@ -118,7 +118,7 @@ after a gap, or at start-up).
 
 Scaling from {w1:,} to {w2:,} ranks ({w2 / w1:.1f}x the ranks): steady-state cycle {s2 / s1:.1f}x,
 20-iteration window {v2 / v1:.1f}x (linear would be {w2 / w1:.1f}x). Target: a cycle over 12,960
-ranks x 10 stages x 20 iterations in <= 0.5 s without the read.
+ranks x {len(DEFAULT_STAGES)} stages x 20 iterations in <= 0.5 s without the read.
 
 Database read, reported apart: {read}
 

@@ -201,7 +201,7 @@ def run(ctx) -> str:
         lines.append(
             f"- On disk after compaction (influxd's data folder, {settle_s:.0f} s after the last write): raw "
             f"policy {on_disk[RAW_POLICY] / 2**20:.1f} MiB = **{raw_b:.1f} bytes per rank per iteration** "
-            f"(10 stage fields, iteration, iteration_ms, 9 tags), long policy (rollups and analyzer outputs) "
+            f"({len(schema.DEFAULT_STAGES)} stage fields, iteration, iteration_ms, 9 tags), long policy (rollups and analyzer outputs) "
             f"{on_disk[LONG_POLICY] / 2**20:.1f} MiB = **{long_b:.1f} bytes per rank per iteration**; "
             f"ARGUS reports 2.7 KB per rank per step ({ARGUS_BYTES_PER_RANK_STEP / (raw_b + long_b):.0f}x more). "
             f"7 days of raw points at one iteration per {STEP_MS // 1000} s: "

@@ -70,7 +70,7 @@ def run(ctx) -> str:
     topo_il = ctx.median_s(lambda: _build(12_960), repeat=ctx.repeat)
     return f"""## Foundation
 
-### Line protocol: one IL-0477 iteration (12,960 points x 10 stage fields + iteration, iteration_ms)
+### Line protocol: one IL-0477 iteration (12,960 points x {len(STAGES)} stage fields + iteration, iteration_ms)
 
 | encoder | median | speed-up vs influxdb-client |
 |---|---|---|

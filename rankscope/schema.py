@@ -19,7 +19,7 @@ from typing import Literal
 StageKind = Literal["compute", "comm", "host"]
 STAGE_KINDS: tuple[StageKind, ...] = ("compute", "comm", "host")
 #: Group kinds a communication stage can run in (see ``Topology.group_ids``).
-COMM_GROUPS = ("tp", "dp", "ep", "pipeline")
+COMM_GROUPS = ("tp", "dp", "ep", "edp", "pipeline")
 
 
 class SchemaError(ValueError):
@@ -161,6 +161,8 @@ DEFAULT_STAGES = StageSet((
     Stage("pp_send", "comm", "pipeline", "pipeline p2p send to the next stage"),
     Stage("pp_recv", "comm", "pipeline", "pipeline p2p receive from the previous stage"),
     Stage("reduce_scatter", "comm", "dp", "DP gradient reduce-scatter"),
+    Stage("expert_reduce", "comm", "edp", "expert gradient reduce-scatter over the expert-data-parallel "
+                                          "group (the ranks holding the same experts)"),
     Stage("all_gather", "comm", "dp", "DP parameter all-gather"),
     Stage("optimizer", "compute", description="optimizer step"),
     Stage("dataloader", "host", description="host-side batch loading"),

@@ -7,7 +7,10 @@ over ranks), so a 100,000-rank job is built in milliseconds.
 Rank order follows Megatron-LM: the default ``"tp-dp-pp"`` makes TP the fastest
 varying dimension and PP the slowest, i.e. ``rank = (pp * dp_size + dp) * tp_size + tp``.
 Expert-parallel groups are carved out of the data-parallel dimension: EP group
-``k`` of a DP group holds its consecutive dp indices ``k*ep .. k*ep+ep-1``.
+``k`` of a DP group holds its consecutive dp indices ``k*ep .. k*ep+ep-1``. The
+expert-data-parallel group of a rank holds the ranks that keep the same experts: the
+same position in every EP group of its DP group (``dp % ep`` equal), across which
+expert gradients are reduced.
 
 Example (the IL-0477 job)::
 
@@ -28,8 +31,8 @@ from typing import Literal
 
 import numpy as np
 
-GroupKind = Literal["tp", "dp", "ep", "pipeline", "node"]
-GROUP_KINDS: tuple[GroupKind, ...] = ("tp", "dp", "ep", "pipeline", "node")
+GroupKind = Literal["tp", "dp", "ep", "edp", "pipeline", "node"]
+GROUP_KINDS: tuple[GroupKind, ...] = ("tp", "dp", "ep", "edp", "pipeline", "node")
 _DIMS = ("tp", "dp", "pp")
 
 
@@ -139,7 +142,7 @@ class Topology:
         return self.dp // self.ep
 
     def group_size(self, kind: GroupKind) -> int:
-        return {"tp": self.tp, "dp": self.dp, "ep": self.ep, "pipeline": self.pp,
+        return {"tp": self.tp, "dp": self.dp, "ep": self.ep, "edp": self.dp // self.ep, "pipeline": self.pp,
                 "node": self.gpus_per_node}[_check_kind(kind)]
 
     def group_count(self, kind: GroupKind) -> int:
@@ -241,6 +244,8 @@ class Topology:
         - ``dp``: same pp and tp;          id = pp * tp + tp_index
         - ``ep``: a chunk of ``ep`` consecutive dp indices inside one DP group;
           id = dp_group * (dp / ep) + dp_index // ep
+        - ``edp``: the same position in every EP group of a DP group (same experts);
+          id = dp_group * ep + dp_index % ep
         - ``pipeline``: same dp and tp;    id = dp_index * tp + tp_index
         - ``node``: rank // gpus_per_node
         """
@@ -253,6 +258,7 @@ class Topology:
             "tp": self.pp_index * self.dp + self.dp_index,
             "dp": dp_group,
             "ep": dp_group * self.ep_groups_per_dp + self.dp_index // self.ep,
+            "edp": dp_group * self.ep + self.dp_index % self.ep,
             "pipeline": self.dp_index * self.tp + self.tp_index,
             "node": self.node_index,
         }

@@ -24,10 +24,13 @@ chunk ``u`` (the ``ep`` consecutive dp indices that form its EP groups):
    and, downstream of the slowest stage, the steady-state starvation are
    ``pp_recv`` waits; upstream of the slowest stage the back-pressure is
    ``pp_send`` waits.
-4. **DP** (per stage): every rank enters ``reduce_scatter`` when its chunk's
-   pipeline has drained; it finishes when the last rank of the DP group arrives
-   plus the ring's transfer time; then ``optimizer`` and ``all_gather`` likewise.
-   The rank's ``iteration_ms`` is when its DP group's all-gather finishes.
+4. **DP** (per stage): every rank enters ``reduce_scatter`` (the dense gradients)
+   when its chunk's pipeline has drained; it finishes when the last rank of the DP
+   group arrives plus the ring's transfer time; then ``expert_reduce`` (the expert
+   gradients) over its expert-data-parallel group (the ranks holding the same
+   experts, one per EP group), then ``optimizer`` and ``all_gather`` over the DP
+   group, which waits for the DP group's slowest expert reduce. The rank's
+   ``iteration_ms`` is when its DP group's all-gather finishes.
 
 Transfer times are per group: the slowest link among its members (a degraded
 NIC slows every all-to-all, p2p hop and ring it takes part in). Invariant: for
@@ -126,6 +129,8 @@ class ClusterSimulator:
         self.ep_gid = topo.group_ids("ep")
         self.dp_members = topo.members("dp")
         self.dp_gid = topo.group_ids("dp")
+        self.edp_members = topo.members("edp")
+        self.edp_gid = topo.group_ids("edp")
         self.tp_members = topo.members("tp") if topo.tp > 1 else None
         self.tp_gid = topo.group_ids("tp")
         # a block = the ranks of one chunk at one stage (all tp); rows ordered stage-major
@@ -165,8 +170,10 @@ class ClusterSimulator:
 
     @property
     def absent_stages(self) -> list[str]:
-        """Stages that never happen in this topology (p2p with a single pipeline stage)."""
-        return ["pp_send", "pp_recv"] if self.topology.pp == 1 else []
+        """Stages that never happen in this topology (p2p with a single pipeline stage, the expert
+        reduce when every EP group holds all experts' only copy)."""
+        absent = ["pp_send", "pp_recv"] if self.topology.pp == 1 else []
+        return absent + (["expert_reduce"] if self.topology.group_size("edp") == 1 else [])
 
     @staticmethod
     def _rows_of(fault: Fault) -> tuple[int, ...]:
@@ -209,8 +216,8 @@ class ClusterSimulator:
         if self.tp_members is not None:  # TP lockstep: each measures its TP group's slowest
             attn = attn[self.tp_members].max(1)[self.tp_gid]
             mlp = mlp[self.tp_members].max(1)[self.tp_gid]
-        n_ep, n_dp = len(self.ep_members), len(self.dp_members)
-        tnoise = np.exp(np.clip(rng.standard_normal(n_ep + w + 2 * n_dp), -3.5, 3.5) * p.transfer_sigma)
+        n_ep, n_dp, n_edp = len(self.ep_members), len(self.dp_members), len(self.edp_members)
+        tnoise = np.exp(np.clip(rng.standard_normal(n_ep + w + 2 * n_dp + n_edp), -3.5, 3.5) * p.transfer_sigma)
 
         # EP all-to-all, per layer and microbatch
         so = p.occurrence_sigma
@@ -256,19 +263,26 @@ class ClusterSimulator:
         dispatch = dispatch + (my_u - unit) / layers + (start[u] - load) / (layers * m)
         arrive = start[u] + makespan[u]
 
-        # DP reduce-scatter, optimizer, all-gather, per stage
+        # DP reduce-scatter (dense), expert reduce-scatter (EDP), optimizer, all-gather, per stage
         off = n_ep + w
         ring = link[self.dp_members].max(1) if link_hit else 1.0
         rs_done = arrive[self.dp_members].max(1) + p.reduce_scatter_ms * ring * tnoise[off:off + n_dp]
-        o_m = opt[self.dp_members]
-        ag_done = (rs_done + o_m.max(1) + self.c_dp * so * o_m.mean(1)
-                   + p.all_gather_ms * ring * tnoise[off + n_dp:off + 2 * n_dp])
         rs_done_r = rs_done[self.dp_gid]
+        e_off = off + 2 * n_dp
+        e_ms = p.expert_reduce_ms if self.edp_members.shape[1] > 1 else 0.0
+        e_ring = link[self.edp_members].max(1) if link_hit else 1.0
+        ex_done = rs_done_r[self.edp_members].max(1) + e_ms * e_ring * tnoise[e_off:e_off + n_edp]
+        ex_done_r = ex_done[self.edp_gid]
+        o_m = opt[self.dp_members]
+        ag_done = (ex_done_r[self.dp_members].max(1) + o_m.max(1) + self.c_dp * so * o_m.mean(1)
+                   + p.all_gather_ms * ring * tnoise[off + n_dp:off + 2 * n_dp])
         iteration_ms = ag_done[self.dp_gid]
         reduce_scatter = rs_done_r - arrive
-        all_gather = iteration_ms - rs_done_r - opt
+        expert_reduce = ex_done_r - rs_done_r
+        all_gather = iteration_ms - ex_done_r - opt
 
-        cols = (attn, mlp, dispatch, combine, pp_send, pp_recv, reduce_scatter, all_gather, opt, load)
+        cols = (attn, mlp, dispatch, combine, pp_send, pp_recv, reduce_scatter, expert_reduce, all_gather, opt,
+                load)
         values = np.empty((w, len(cols)))
         values[:, self._column] = np.column_stack(cols)
         for name in self.absent_stages:

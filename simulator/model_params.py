@@ -34,8 +34,11 @@ class ModelParams:
     ep_transfer_ms: float = 2.5
     #: Pure transfer time of one pipeline p2p message (an activation or a gradient).
     pp_transfer_ms: float = 6.0
-    #: Pure transfer time of the DP gradient reduce-scatter (ring, once per iteration).
-    reduce_scatter_ms: float = 400.0
+    #: Pure transfer time of the DP reduce-scatter of the dense (non-expert) gradients.
+    reduce_scatter_ms: float = 250.0
+    #: Pure transfer time of the expert gradients' reduce-scatter over the expert-data-parallel
+    #: group (the ranks holding the same experts), after the dense one.
+    expert_reduce_ms: float = 150.0
     #: Pure transfer time of the DP parameter all-gather (once per iteration).
     all_gather_ms: float = 300.0
     #: Share of a layer's compute that runs in the forward pass (the rest is backward).

@@ -5,22 +5,29 @@ import pytest
 
 from analyzer.engine import JobAnalyzer
 from evaluation.accuracy import result_cube
+from rankscope.frames import LatencyCube
 from rankscope.incident import IncidentClass
-from rankscope.schema import DEFAULT_STAGES
+from rankscope.schema import DEFAULT_STAGES, StageSet
 from simulator.cluster import ClusterSimulator
 from simulator.scenario import Scenario
 
 
-def _incidents(topology: dict, node: int, factor: float, iterations: int = 40, seed: int = 5):
+def _incidents(topology: dict, node: int, factor: float, iterations: int = 40, seed: int = 5,
+               without: tuple[str, ...] = ()):
+    """The incidents of a NIC fault; ``without``: stages the collector does not time."""
     sc = Scenario.from_dict({"topology": topology, "run": {"job": "lk", "iterations": iterations, "seed": seed},
                              "fault": [{"kind": "link_degradation", "node": node, "factor": factor,
                                         "start": 25 if iterations > 30 else 18}]})
     sim = ClusterSimulator(sc)
-    ja = JobAnalyzer("lk", sc.topology, DEFAULT_STAGES)
+    stages = StageSet(tuple(s for s in DEFAULT_STAGES if s.name not in without))
+    keep = [sim.stages.names.index(n) for n in stages.names]
+    ja = JobAnalyzer("lk", sc.topology, stages)
     latest = {}
     for _ in range(iterations):
-        res = sim.step()
-        for inc in ja.feed(result_cube(res, sim.stages.names)).incidents:
+        cube = result_cube(sim.step(), sim.stages.names)
+        cube = LatencyCube(cube.iterations, cube.times, list(stages.names), cube.values[:, :, keep],
+                           cube.iteration_ms)
+        for inc in ja.feed(cube).incidents:
             latest[inc.id] = inc
     return sc.topology, list(latest.values())
 
@@ -51,11 +58,23 @@ def test_small_shapes_name_the_node(topology):
     assert not inc.evidence["ambiguous"]
 
 
-def test_without_pipeline_hops_the_smallest_supported_set_is_flagged_ambiguous():
-    """pp=1 and EP groups wider than a node: every collective of the node also holds the other
-    node of its EP group, so no timing can separate them; both are named, flagged ambiguous."""
+def test_without_pipeline_hops_the_expert_reduce_separates_the_node_from_its_ep_group():
+    """pp=1 and EP groups wider than a node: the all-to-alls and the DP ring hold nodes 8 and 9
+    alike, but the expert gradients of node 8's ranks are reduced with other nodes than node
+    9's (one rank per EP group holds the same experts), so only node 8's expert groups slow."""
     topology = {"tp": 1, "pp": 1, "dp": 128, "ep": 16, "gpus_per_node": 8}
     topo, incidents = _incidents(topology, 8, 5.0, iterations=35)
+    (inc,) = incidents
+    assert inc.ranks == topo.node_ranks([8]).tolist() and inc.evidence["ambiguous"] is False
+    assert "expert_reduce (edp)" in inc.evidence["summary"]
+    assert "expert-data-parallel" in inc.evidence["summary"]
+
+
+def test_without_a_timing_that_separates_the_smallest_supported_set_is_flagged_ambiguous():
+    """The same fault timed by a collector that cannot tell the expert reduce from the dense one:
+    every collective of node 8 also holds node 9; both are named, flagged ambiguous."""
+    topology = {"tp": 1, "pp": 1, "dp": 128, "ep": 16, "gpus_per_node": 8}
+    topo, incidents = _incidents(topology, 8, 5.0, iterations=35, without=("expert_reduce",))
     (inc,) = incidents
     ep_group = topo.group_ranks("ep", 64)
     assert set(topo.node_ranks([8]).tolist()) <= set(inc.ranks) <= set(ep_group.tolist())

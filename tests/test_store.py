@@ -41,7 +41,7 @@ def test_full_iteration_round_trips_exactly(influx_store, us):
         assert np.array_equal(back[col].to_numpy(dtype=float), df[col].to_numpy()), col
     assert (back["job"] == "il-0477").all()
     cube = frame_to_cube(back, IL.world, STAGES)
-    assert cube.values.shape == (1, 12960, 10)
+    assert cube.values.shape == (1, 12960, len(STAGES))
     assert np.array_equal(cube.values[0], df[STAGES].to_numpy())
 
 

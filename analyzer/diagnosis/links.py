@@ -7,7 +7,9 @@ it take part in, and the culprits are at the intersection of those groups
 collective are a chunk waiting on someone, not a link; groups on the
 pipelines of a hot straggler are explained by it. Candidates whose own
 pipeline p2p times did not rise are dropped (a p2p hop involves only the two
-ranks it joins). The episode is confirmed after ``transient_max + 1``
+ranks it joins). Without pipeline hops (pp = 1), a node whose EP group spans
+other nodes is told from them by the expert reduce: the ranks holding the same
+experts (the ``edp`` groups) differ between the nodes of one EP group. The episode is confirmed after ``transient_max + 1``
 iterations and stays active while the floors of those ranks stay risen.
 
 Example::
@@ -124,9 +126,14 @@ class LinkRule(Rule):
         if ambiguous:
             summary += (f" No timing separates these {len(inc.nodes)} machines: without pipeline hops "
                         f"of their own (pp={self.topo.pp}, EP groups of {self.topo.ep} ranks on "
-                        f"{self.topo.gpus_per_node}-GPU nodes) every collective they run includes them "
-                        f"all, so this is the smallest set the data supports; the degraded link is on "
-                        f"one of them: check each.")
+                        f"{self.topo.gpus_per_node}-GPU nodes) and without an expert reduce timed apart "
+                        f"from the dense one, every collective they run includes them all, so this is "
+                        f"the smallest set the data supports; the degraded link is on one of them: "
+                        f"check each.")
+        elif "edp" in kinds and self.topo.ep * self.topo.tp > self.topo.gpus_per_node:
+            summary += (" Their EP group spans other machines too, but only the expert-data-parallel "
+                        "groups of these ranks (the ranks holding the same experts, one per EP group) "
+                        "reduced their expert gradients slowly, which puts the link on them.")
         elif self.topo.pp > 1:
             summary += (" Inside their lockstep groups only these ranks' own pipeline hops (pp_send/"
                         "pp_recv) are slow, which puts the link on them.")

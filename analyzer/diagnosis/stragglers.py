@@ -14,7 +14,7 @@ Example::
     >>> from rankscope.schema import DEFAULT_STAGES
     >>> from rankscope.topology import Topology
     >>> rule = StragglerRule("j", Topology(pp=2, dp=8, ep=4, gpus_per_node=4), DEFAULT_STAGES,
-    ...                      AnalyzerConfig(), RankCells(16, 10))
+    ...                      AnalyzerConfig(), RankCells(16, len(DEFAULT_STAGES)))
     >>> sorted(c.value for c in rule.classes)
     ['compute_straggler', 'host_stall']
 """

@@ -12,7 +12,7 @@ Example::
     >>> from rankscope.schema import DEFAULT_STAGES
     >>> from rankscope.topology import Topology
     >>> rule = TransientStallRule("j", Topology(dp=8, gpus_per_node=4), DEFAULT_STAGES,
-    ...                           AnalyzerConfig(), RankCells(8, 10))
+    ...                           AnalyzerConfig(), RankCells(8, len(DEFAULT_STAGES)))
     >>> [c.value for c in rule.classes]
     ['transient_stall']
 """
