@@ -12,7 +12,7 @@ per job:
 4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points, and the
    rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
    :mod:`analyzer.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
-   (read back from ``rollup_host``), all keyed by time and tags, so a re-run writes the same points
+   by the data or the clock (read back from ``rollup_host``), all keyed by time and tags, so a re-run writes the same points
    again. Iterations written while no analyzer ran are rolled up by ``rankscope rollup``.
 
 After a restart the state is rebuilt from the database: the job's incidents
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,7 +67,8 @@ class AnalyzerService:
 
     def __init__(self, store: Store, config: AnalyzerConfig | None = None, stages: StageSet | None = None,
                  jobs: list[str] | None = None, topology: Topology | None = None,
-                 chunk_iterations: int = 20, progress: bool = False):
+                 chunk_iterations: int = 20, progress: bool = False,
+                 clock: Callable[[], float] = time.time):
         self.store = store
         self.cfg = config or AnalyzerConfig()
         self.stages = stages
@@ -74,6 +76,7 @@ class AnalyzerService:
         self.topology = topology
         self.chunk = chunk_iterations
         self.progress = progress
+        self.clock = clock   # wall clock (s): closes the windows of a job that stopped writing
         self.analyzers: dict[str, JobAnalyzer] = {}
         self.watermark: dict[str, int] = {}   # time (ms) of the last processed iteration
         self.windows_done: dict[str, int] = {}   # end (ms) of the rollup_host_5m windows written
@@ -159,28 +162,45 @@ class AnalyzerService:
             if not more:
                 break
         bar.close()
-        if ja is None or not n_iters:
+        if ja is None:
+            return
+        t2 = time.perf_counter()
+        # windows close by the clock too: a job that ended or hangs still gets its last ones
+        self._write_windows(job, ja, first_ms, final)
+        report.write_s += time.perf_counter() - t2
+        if not n_iters:
             return
         self.watermark[job] = ja.last_time_ms
         report.iterations[job] = n_iters
         t2 = time.perf_counter()
         self._write(ja, cps, list(changed.values()))
-        self._write_windows(job, ja, first_ms, final)
         report.write_s += time.perf_counter() - t2
         report.changepoints += len(cps)
         report.incidents += list(changed.values())
 
     def _write_windows(self, job: str, ja: JobAnalyzer, first_ms: int | None, final: bool) -> None:
-        """``rollup_host_5m`` for the windows closed since the last cycle (from the window of the
-        first iteration this analyzer processed); a final cycle also writes the open one, which
-        a later cycle rewrites whole."""
-        since = self.windows_done.get(job, first_ms)
-        if since is None:
-            return
+        """``rollup_host_5m`` for every window that has closed since the last cycle and every
+        closed one this cycle's iterations fell into (late points), read back from ``rollup_host``.
+
+        A window closes when the newest iteration or the clock is ``LATE_MARGIN_MS`` past its
+        end, so a job that ended or hangs gets its last windows too. A fresh analyzer (a restart)
+        starts from the latest window stored, so the windows of the downtime that the replay
+        rolled up are written too. A final cycle also writes the open window; a later cycle
+        rewrites it whole."""
         w = schema.ROLLUP_WINDOW_MS
-        start, end = closed_windows(since, ja.last_time_ms, LATE_MARGIN_MS, w)
-        write_windows(self.store, job, start, (ja.last_time_ms // w + 1) * w if final else end, w)
-        self.windows_done[job] = end
+        done = self.windows_done.get(job)
+        if done is None:
+            stored = self.store.latest_times(schema.ROLLUP_HOST_WINDOW, job, 1)
+            starts = [t for t in (first_ms, stored[-1] if stored else None) if t is not None]
+            if not starts:
+                return
+            done = min(starts)
+        since = min(done, first_ms) if first_ms is not None else done
+        last_window_end = (ja.last_time_ms // w + 1) * w   # no window after the newest iteration's
+        newest = min(max(ja.last_time_ms, int(self.clock() * 1000)), last_window_end + LATE_MARGIN_MS)
+        start, closed = closed_windows(since, newest, LATE_MARGIN_MS, w)
+        write_windows(self.store, job, start, last_window_end if final else closed, w)
+        self.windows_done[job] = max(done // w * w, closed)
 
     def _follow_placement(self, ja: JobAnalyzer, frame: pd.DataFrame) -> JobAnalyzer:
         """When the hosts the ranks report put them elsewhere than the analyzer thinks (a

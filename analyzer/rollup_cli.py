@@ -119,10 +119,16 @@ def write_windows(store: Store, job: str, start_ms: int, end_ms: int,
     before a restart or by a backfill count. Returns how many points were written."""
     written = 0
     step = window_ms * WINDOWS_PER_READ
-    for lo in range(start_ms, end_ms, step):
-        host = store.read(schema.ROLLUP_HOST, job, lo, min(lo + step, end_ms) - 1)
+    lo = start_ms
+    while lo < end_ms:
+        hi = min(lo + step, end_ms)
+        host = store.read(schema.ROLLUP_HOST, job, lo, hi - 1)
         if len(host):
             written += store.write_measurement(schema.ROLLUP_HOST_WINDOW, window_rollup(host, window_ms)).written
+            lo = hi
+        else:   # a gap (the job did not run): on to the window of its next point
+            nxt = store.next_times(schema.ROLLUP_HOST, job, hi - 1, 1)
+            lo = max(hi, nxt[0] // window_ms * window_ms) if nxt else end_ms
     return written
 
 

@@ -53,6 +53,7 @@ JOB = "il-0477"
 ARGUS_BYTES_PER_RANK_STEP = 2.7 * 1024
 BIG = Topology(tp=8, pp=10, dp=1250, ep=25, gpus_per_node=8)
 TARGET_S = 1.0
+#: Either per-host rollup (no closing quote: a prefix of both ``rollup_host`` and ``rollup_host_5m``).
 ROLLUP = f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}'
 WINDOWS = f'"{LONG_POLICY}"."{schema.ROLLUP_HOST_WINDOW}"'
 RAW = f'"{schema.STAGE_LATENCY}"'
@@ -129,7 +130,7 @@ def run(ctx) -> str:
         on_disk, settle_s = _settled(server, db) if server else ({}, 0.0)
 
         end = start + (ITERATIONS - 1) * STEP_MS
-        tr = TimeRange(start - 60_000, end + 60_000)
+        tr = TimeRange(start - 60_000, end + 60_000, relative=True)   # a wall: now-6h to now
         run_q = lambda q: influx_query(url, db, q)  # noqa: E731
         min_interval = provisioning.datasource_document()["datasources"][0]["jsonData"]["timeInterval"]
         models = provisioning.dashboard_models()

@@ -62,8 +62,9 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
         f"GROUP BY time($__interval), \"node\" fill(none)",
         lay.place(24, 10), row_tag="node", max_rows=topology.nodes, time_from="30m",
         max_points=min(max(HEATMAP_RECENT_MAX_CELLS // topology.nodes, 1), 30),
-        description="The same rows over the last 30 minutes whatever the dashboard's range, from the "
-                    "per-iteration host rollups: what happened since the last 5-minute window closed.")
+        description="The same rows over the last 30 minutes (while the dashboard shows a range up to "
+                    "now; a zoomed range shows here whole), from the per-iteration host rollups: what "
+                    "happened since the last 5-minute window closed.")
     lay.newline()
     drill_where = "\"job\" = '$job' AND \"ep_group\" =~ /^$dp$/ AND $timeFilter"
     by_rank = rows_heatmap(

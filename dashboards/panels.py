@@ -33,8 +33,9 @@ HEATMAP_MAX_ROWS = 2000
 #: Most cells (rows x columns) a heatmap over every host and hours asks InfluxDB for: the
 #: answer's size, not the points read, is what a wall waits for (influxd 1.6 spends ~5.5 us per
 #: returned cell of ``GROUP BY time(), "node"`` on top of ~75 ms for 1,620 series: 13,000 cells
-#: ~0.15 s, BENCHMARKS.md). At IL-0477's 1,620 nodes that is 8 columns (hour-long over 6 h,
-#: 20 minutes over 3 h); a job of 200 nodes gets 65. Recent detail is a panel of its own.
+#: ~0.15 s, BENCHMARKS.md). The dashboards are generated for IL-0477's 1,620 nodes: 8 columns
+#: (hour-long over 6 h, 20 minutes over 3 h; over up to a day Grafana's rounding can add up to
+#: a quarter more), for every job. Recent detail is a panel of its own.
 HEATMAP_MAX_CELLS = 13_000
 #: The same for a heatmap bounded to the last half hour: one column a minute up to 2,000 rows.
 HEATMAP_RECENT_MAX_CELLS = 60_000
@@ -146,7 +147,8 @@ def rows_heatmap(title: str, query: str, pos: g.GridPos, row_tag: str, max_rows:
     :data:`HEATMAP_MAX_ROWS` here and against the data by the tests). Rows are
     named by the numeric tag (alias ``$tag_<row_tag>``) so Grafana sorts them
     numerically; zero cells are drawn (``filterValues`` below any latency). ``time_from``
-    (e.g. ``30m``) makes the panel show the last stretch whatever the dashboard's range.
+    (e.g. ``30m``) makes the panel show the last stretch while the dashboard's range runs up to now
+    (Grafana ignores it for an absolute range).
     """
     if max_rows > HEATMAP_MAX_ROWS:
         raise ValueError(f"heatmap {title!r} may draw {max_rows} rows; at most {HEATMAP_MAX_ROWS} "

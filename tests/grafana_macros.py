@@ -2,7 +2,8 @@
 generated queries against a real InfluxDB exactly as Grafana would.
 
 - ``$timeFilter`` -> ``time >= <from>ms and time <= <to>ms`` (a panel's relative time
-  override ``timeFrom`` makes its range the last ``timeFrom`` up to the range's end);
+  override ``timeFrom`` makes its range now-``timeFrom`` to now when the dashboard's range is
+  relative, and is ignored when it is absolute, as Grafana does);
 - ``$__interval`` / ``$interval`` -> the panel's interval (time range / maxDataPoints,
   rounded like Grafana's ``roundInterval``, at least the panel's or data source's
   minimum interval), ``$__interval_ms`` -> the same in ms;
@@ -41,8 +42,12 @@ BUILTINS = frozenset({"timeFilter", "__interval", "interval", "__interval_ms", "
 
 @dataclass(frozen=True)
 class TimeRange:
+    """A dashboard's range. ``relative``: picked as ``now-6h`` to ``now`` (a wall), with now
+    at ``end_ms``; else absolute (a zoom, a drag-select, a link with from/to)."""
+
     start_ms: int
     end_ms: int
+    relative: bool = False
 
 
 def parse_duration_ms(text: str) -> int:
@@ -225,8 +230,10 @@ def dashboard_queries(model: dict, variables: dict[str, Variable], time_range: T
     out = []
     for panel in model["panels"]:
         tr = time_range
-        if panel.get("timeFrom"):   # relative time override: the last <timeFrom> up to the range's end
-            tr = TimeRange(time_range.end_ms - parse_duration_ms(panel["timeFrom"]), time_range.end_ms)
+        if panel.get("timeFrom") and time_range.relative:
+            # relative time override (Grafana's applyPanelTimeOverrides): now-<timeFrom> to now, and
+            # only when the dashboard's range is relative itself; an absolute range is kept
+            tr = TimeRange(time_range.end_ms - parse_duration_ms(panel["timeFrom"]), time_range.end_ms, True)
         interval = panel_interval_ms(tr, panel.get("maxDataPoints"), panel.get("interval") or default_min_interval)
         for t in panel.get("targets", []):
             out.append(PanelQuery(f"panel {panel['id']} {panel['title']!r} {t['refId']}",

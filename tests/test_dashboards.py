@@ -24,6 +24,7 @@ from dashboards.variables import IL0477_TOPOLOGY
 from rankscope import schema
 from rankscope.cli import main
 from rankscope.config import LONG_POLICY, RAW_MEASUREMENTS, policy_of
+from tests.grafana_macros import TimeRange, panel_interval_ms
 
 MODELS = provisioning.dashboard_models()
 FILES = provisioning.render_all()
@@ -259,6 +260,11 @@ def test_raw_points_are_read_only_by_bounded_drill_downs():
     assert recent["timeFrom"] == "30m"
     # few enough columns that the answer over hours stays small: rows x columns within the budget
     assert by_node["rankscope"]["maxRows"] * by_node["maxDataPoints"] <= HEATMAP_MAX_CELLS
+    # as Grafana asks over the ranges a wall shows (up to a day): its rounding adds a quarter at most
+    for hours in (1, 2, 3, 6, 12, 24):
+        tr = TimeRange(0, hours * 3_600_000)
+        columns = -(-tr.end_ms // panel_interval_ms(tr, by_node["maxDataPoints"], by_node["interval"])) + 1
+        assert by_node["rankscope"]["maxRows"] * columns <= 1.25 * HEATMAP_MAX_CELLS, hours
     assert recent["rankscope"]["maxRows"] * recent["maxDataPoints"] <= HEATMAP_RECENT_MAX_CELLS
     assert recent["maxDataPoints"] <= 30   # a column a minute at most: its range is 30 minutes
 

@@ -9,6 +9,7 @@ from tests.grafana_macros import (
     TimeRange,
     Variable,
     apply_variable_regex,
+    dashboard_queries,
     format_interval,
     interpolate,
     metric_find_values,
@@ -26,6 +27,21 @@ def test_time_filter_and_interval_as_grafana_writes_them():
     assert panel_interval_ms(TR, 240) == 15_000
     assert panel_interval_ms(TR, 240, "30s") == 30_000
     assert [format_interval(ms) for ms in (500, 10_000, 60_000, 7_200_000)] == ["500ms", "10s", "1m", "2h"]
+
+
+def test_a_panels_relative_time_override_applies_to_relative_ranges_only():
+    """Grafana's applyPanelTimeOverrides: ``timeFrom`` replaces a relative range with now-timeFrom
+    to now, and leaves an absolute one (a zoom) alone."""
+    model = {"panels": [{"id": 1, "title": "recent", "timeFrom": "30m", "maxDataPoints": 30,
+                         "targets": [{"refId": "A", "query": "SELECT x FROM m WHERE $timeFilter "
+                                                             "GROUP BY time($__interval)"}]}],
+             "annotations": {"list": []}}
+    (rel,) = dashboard_queries(model, {}, TimeRange(TR.start_ms, TR.end_ms, relative=True))
+    assert f"time >= {TR.end_ms - 1_800_000}ms and time <= {TR.end_ms}ms" in rel.query
+    assert "time(1m)" in rel.query                  # 30 min over 30 points
+    (absolute,) = dashboard_queries(model, {}, TR)
+    assert f"time >= {TR.start_ms}ms and time <= {TR.end_ms}ms" in absolute.query
+    assert "time(2m)" in absolute.query             # 1 h over 30 points
 
 
 def test_variables_formatted_like_the_influxdb_data_source():

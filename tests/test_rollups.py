@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.config import AnalyzerConfig
 from analyzer.cycle import AnalyzerService
 from analyzer.rollup_cli import parse_time
 from analyzer.rollups import (
@@ -179,19 +180,24 @@ def test_window_rollup_is_the_mean_of_the_hosts_iterations_in_each_window():
         window_rollup(host, 0)
 
 
-def test_the_analyzer_writes_a_window_once_it_closed_and_a_restart_completes_it(influx_store):
+def test_the_analyzer_writes_a_window_once_it_closed_by_data_or_by_the_clock(influx_store):
     simulate(_scenario(), influx_store, start_ms=START, progress=False)
-    AnalyzerService(influx_store).cycle()          # a live cycle: only windows that have closed
+    hosts = influx_store.read(schema.ROLLUP_HOST, "tiny")
+    assert hosts.empty
+    last_ms = influx_store.latest_times(schema.STAGE_LATENCY, "tiny", 1)[-1]
+    svc = AnalyzerService(influx_store, clock=lambda: last_ms / 1000)
+    svc.cycle()          # a live cycle: only windows that have closed
     hosts = influx_store.read(schema.ROLLUP_HOST, "tiny")
     hosts["window"] = hosts["time"] // 300_000 * 300_000
     per_window = hosts.groupby("window")["iteration"].nunique()
-    last_ms = int(hosts["time"].max())
     closed = per_window[per_window.index + 300_000 <= last_ms - 120_000]
     live = _windows(influx_store, "tiny")
-    assert len(closed) >= 2 and sorted(set(live["time"])) == closed.index.tolist()
+    assert len(closed) >= 2 and len(closed) < len(per_window)
+    assert sorted(set(live["time"])) == closed.index.tolist()
     assert (live.groupby("time")["iterations"].first() == closed).all()
-    # a restarted analyzer's final cycle adds the windows still open, the closed ones unchanged
-    AnalyzerService(influx_store).cycle(final=True)
+    # the job stops writing (it ended, or hangs): the clock closes its last windows
+    svc.clock = lambda: (last_ms + 600_000) / 1000
+    svc.cycle()
     done = _windows(influx_store, "tiny")
     assert sorted(set(done["time"])) == per_window.index.tolist()
     assert done["iterations"].sum() == 24 * TINY.nodes
@@ -199,6 +205,20 @@ def test_the_analyzer_writes_a_window_once_it_closed_and_a_restart_completes_it(
                                   check_like=True)
     node1 = hosts[hosts["node"] == 1].groupby("window")["mlp"].mean()
     assert np.allclose(done[done["node"] == 1]["mlp"], node1)
+
+
+def test_a_restarted_analyzer_writes_the_windows_its_predecessor_left(influx_store):
+    """The predecessor rolled up every iteration but died before its last windows closed; the
+    new analyzer replays only 3 iterations, yet writes every window from the latest stored one."""
+    simulate(_scenario(), influx_store, start_ms=START, progress=False)
+    last_ms = influx_store.latest_times(schema.STAGE_LATENCY, "tiny", 1)[-1]
+    AnalyzerService(influx_store, clock=lambda: (last_ms + 600_000) / 1000).cycle()
+    whole = _windows(influx_store, "tiny")
+    keep = sorted(set(whole["time"]))[1]
+    influx_store.execute(f'DELETE FROM "{schema.ROLLUP_HOST_WINDOW}" WHERE time > {keep}ms')
+    assert sorted(set(_windows(influx_store, "tiny")["time"])) == sorted(set(whole["time"]))[:2]
+    AnalyzerService(influx_store, AnalyzerConfig(history=3), clock=lambda: (last_ms + 600_000) / 1000).cycle()
+    pd.testing.assert_frame_equal(_windows(influx_store, "tiny"), whole, check_like=True)
 
 
 def test_rollup_command_backfills_what_the_analyzer_never_saw_idempotently(any_store, capsys, tmp_path):
