@@ -8,7 +8,7 @@ import pandas as pd
 from rankscope import schema
 from rankscope.frames import cube_to_frame
 from rankscope.lineprotocol import encode_frame, encode_lines, encode_prefixes
-from rankscope.topology import Topology
+from rankscope.topology import GROUP_KINDS, Topology
 
 IL = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8, host_pattern="gpu-node-{node:05d}")
 STAGES = schema.DEFAULT_STAGES.names
@@ -90,5 +90,5 @@ Output identical to influxdb-client's (same measurement and tag set, same field 
 def _build(world: int) -> None:
     t = IL if world == 12_960 else Topology(tp=8, pp=10, dp=1250, ep=25, gpus_per_node=8)
     t = Topology(**t.to_dict())
-    for kind in ("tp", "dp", "ep", "pipeline", "node"):
+    for kind in GROUP_KINDS:
         t.members(kind)

@@ -170,10 +170,12 @@ class ClusterSimulator:
 
     @property
     def absent_stages(self) -> list[str]:
-        """Stages that never happen in this topology (p2p with a single pipeline stage, the expert
-        reduce when every EP group holds all experts' only copy)."""
-        absent = ["pp_send", "pp_recv"] if self.topology.pp == 1 else []
-        return absent + (["expert_reduce"] if self.topology.group_size("edp") == 1 else [])
+        """Stages that never happen in this topology: p2p with a single pipeline stage; the expert
+        reduce without expert parallelism (ep = 1: expert gradients are reduced with the dense
+        ones, over the same DP group) or when every expert has one copy (dp = ep)."""
+        topo = self.topology
+        absent = ["pp_send", "pp_recv"] if topo.pp == 1 else []
+        return absent + (["expert_reduce"] if topo.ep == 1 or topo.group_size("edp") == 1 else [])
 
     @staticmethod
     def _rows_of(fault: Fault) -> tuple[int, ...]:
@@ -269,7 +271,7 @@ class ClusterSimulator:
         rs_done = arrive[self.dp_members].max(1) + p.reduce_scatter_ms * ring * tnoise[off:off + n_dp]
         rs_done_r = rs_done[self.dp_gid]
         e_off = off + 2 * n_dp
-        e_ms = p.expert_reduce_ms if self.edp_members.shape[1] > 1 else 0.0
+        e_ms = 0.0 if "expert_reduce" in self.absent_stages else p.expert_reduce_ms
         e_ring = link[self.edp_members].max(1) if link_hit else 1.0
         ex_done = rs_done_r[self.edp_members].max(1) + e_ms * e_ring * tnoise[e_off:e_off + n_edp]
         ex_done_r = ex_done[self.edp_gid]

@@ -43,6 +43,26 @@ def test_stage_times_add_up_to_the_iteration_time(topo):
         assert np.allclose(it, it[:, :1])
     lm = sim.params.layers_per_stage * sim.params.microbatches
     assert sim.occurrences["mlp"] == lm and sim.occurrences["pp_send"] == sim.params.microbatches
+
+
+@pytest.mark.parametrize(("topo", "absent"), [
+    ({"tp": 1, "pp": 1, "dp": 64, "ep": 16, "gpus_per_node": 8}, ["pp_send", "pp_recv"]),
+    ({"tp": 1, "pp": 2, "dp": 16, "ep": 16, "gpus_per_node": 8}, ["expert_reduce"]),    # one copy of each expert
+    ({"tp": 2, "pp": 2, "dp": 16, "ep": 1, "gpus_per_node": 8}, ["expert_reduce"]),     # no expert parallelism
+    ({"tp": 1, "pp": 1, "dp": 8, "ep": 8, "gpus_per_node": 8}, ["pp_send", "pp_recv", "expert_reduce"]),
+])
+def test_stages_a_topology_lacks_are_not_timed_and_the_rest_still_add_up(topo, absent):
+    sc = small([{"kind": "link_degradation", "node": 0, "factor": 3.0, "start": 1}], topo=topo, iterations=3)
+    sim, results = steps(sc)
+    assert sim.absent_stages == absent
+    cols = [DEFAULT_STAGES.index(n) for n in absent]
+    for res in results:
+        assert np.isnan(res.values[:, cols]).all()
+        rest = np.delete(res.values, cols, axis=1)
+        assert (rest >= 0).all() and np.isfinite(rest).all()
+        assert np.allclose(np.nan_to_num(res.values) @ sim.occurrence_counts, res.iteration_ms, rtol=1e-9)
+    frame = sim.frame(results[-1])
+    assert not set(absent) & set(frame.columns) and "mlp" in frame.columns
     assert sim.occurrences["reduce_scatter"] == 1
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rankscope.topology import Topology, TopologyError, format_ranks, parse_ranks
+from rankscope.topology import GROUP_KINDS, Topology, TopologyError, format_ranks, parse_ranks
 
 IL = dict(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8)
 
@@ -22,7 +22,7 @@ def test_il0477_coordinates():
 
 def test_groups_partition_the_world_and_are_consistent():
     t = Topology(tp=2, pp=3, dp=8, ep=4, gpus_per_node=4)
-    for kind in ("tp", "dp", "ep", "pipeline", "node"):
+    for kind in GROUP_KINDS:
         m = t.members(kind)
         assert m.shape == (t.group_count(kind), t.group_size(kind))
         assert np.array_equal(np.sort(m.reshape(-1)), t.ranks)
@@ -36,6 +36,13 @@ def test_groups_partition_the_world_and_are_consistent():
     assert np.all(t.tp_index[m] == t.tp_index[m[:, :1]])
     e = t.members("ep")
     assert np.all(t.dp_index[e] // 4 == t.dp_index[e[:, :1]] // 4)
+    # expert data parallel: the same position in every EP group of a DP group, one rank from each
+    x = t.members("edp")
+    assert x.shape == (3 * 2 * 4, 2)
+    assert np.all(t.dp_index[x] % 4 == t.dp_index[x[:, :1]] % 4)
+    assert np.all(t.group_ids("dp")[x] == t.group_ids("dp")[x[:, :1]])
+    assert np.all(np.sort(t.group_ids("ep")[x], axis=1)[:, 1:] != np.sort(t.group_ids("ep")[x], axis=1)[:, :-1])
+    assert "edp" in GROUP_KINDS
 
 
 def test_rank_of_inverts_coordinates_for_every_order():

@@ -65,8 +65,8 @@ class LinkRule(Rule):
         culprits, stage, ratio = intersect_risen(self.topo, floors)
         # a degraded link slows every kind of collective its ranks take part in; floors of a
         # single kind rising is the chunk waiting on someone (e.g. a late data loader)
-        kinds_risen = {k for k, r in zip(floors.kind, floors.risen, strict=True) if r.any()}
-        if len(set(floors.kind)) >= 2 and len(kinds_risen) < 2:
+        kinds_risen = {self._kind(k) for k, r in zip(floors.kind, floors.risen, strict=True) if r.any()}
+        if len({self._kind(k) for k in floors.kind}) >= 2 and len(kinds_risen) < 2:
             culprits = np.empty(0, np.int64)
         separable = True
         if len(culprits) > 1:
@@ -108,6 +108,11 @@ class LinkRule(Rule):
             out.append(inc)
         return out
 
+    def _kind(self, kind: str) -> str:
+        """A group kind, with expert-data-parallel counted as DP when the two are the same groups
+        (ep = 1): one set of groups rising is one kind, however many stages it runs."""
+        return "dp" if kind == "edp" and self.topo.ep == 1 else kind
+
     def _incident(self, ep: Episode, floors: FloorScores, obs: Observation, ambiguous: bool) -> Incident:
         inc = culprit_incident(self.job, IncidentClass.LINK_DEGRADATION, ep.ranks, self.topo, ep.onset,
                                ep.onset_ms, stage=ep.stage, ratio=float(ep.ratio), group_type=None,
@@ -124,19 +129,21 @@ class LinkRule(Rule):
                    f"{txt}. Compute stages are normal, so the ranks at the intersection of those "
                    f"groups have slow transfers: a degraded link or NIC.")
         if ambiguous:
+            expert = ("every expert has one copy, so there is no expert reduce either"
+                      if self.topo.group_size("edp") == 1 else
+                      "no expert reduce timed apart from the dense one")
             summary += (f" No timing separates these {len(inc.nodes)} machines: without pipeline hops "
                         f"of their own (pp={self.topo.pp}, EP groups of {self.topo.ep} ranks on "
-                        f"{self.topo.gpus_per_node}-GPU nodes) and without an expert reduce timed apart "
-                        f"from the dense one, every collective they run includes them all, so this is "
-                        f"the smallest set the data supports; the degraded link is on one of them: "
-                        f"check each.")
+                        f"{self.topo.gpus_per_node}-GPU nodes) and with {expert}, every collective "
+                        f"they run includes them all, so this is the smallest set the data supports; "
+                        f"the degraded link is on one of them: check each.")
+        elif self.topo.pp > 1:
+            summary += (" Inside their lockstep groups only these ranks' own pipeline hops (pp_send/"
+                        "pp_recv) are slow, which puts the link on them.")
         elif "edp" in kinds and self.topo.ep * self.topo.tp > self.topo.gpus_per_node:
             summary += (" Their EP group spans other machines too, but only the expert-data-parallel "
                         "groups of these ranks (the ranks holding the same experts, one per EP group) "
                         "reduced their expert gradients slowly, which puts the link on them.")
-        elif self.topo.pp > 1:
-            summary += (" Inside their lockstep groups only these ranks' own pipeline hops (pp_send/"
-                        "pp_recv) are slow, which puts the link on them.")
         inc.evidence = {
             "summary": summary, "stage": ep.stage, "ratio": round(float(ep.ratio), 3), "risen_floors": risen,
             "ambiguous": ambiguous,
