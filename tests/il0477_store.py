@@ -99,7 +99,8 @@ def stage_cube(rng: np.random.Generator, iterations: np.ndarray, onset: int = ON
     """values[iteration, rank, stage] and iteration_ms[iteration, rank] of the incident at ``iterations``."""
     topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
     base = {"attention": 25.0, "mlp": 40.0, "dispatch": 8.0, "combine": 8.0, "pp_send": 5.0,
-            "pp_recv": 5.0, "reduce_scatter": 60.0, "all_gather": 40.0, "optimizer": 12.0, "dataloader": 3.0}
+            "pp_recv": 5.0, "reduce_scatter": 60.0, "expert_reduce": 25.0, "all_gather": 40.0, "optimizer": 12.0,
+            "dataloader": 3.0}
     shape = (len(iterations), topo.world)
     values = np.stack([base[s] * rng.uniform(0.9, 1.1, shape) for s in stages], axis=-1)
     mlp, rs, dispatch = stages.index("mlp"), stages.index("reduce_scatter"), stages.index("dispatch")
