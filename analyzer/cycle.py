@@ -12,8 +12,8 @@ per job:
 4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points, and the
    rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
    :mod:`analyzer.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
-   by the data or the clock (read back from ``rollup_host``), all keyed by time and tags, so a re-run writes the same points
-   again. Iterations written while no analyzer ran are rolled up by ``rankscope rollup``.
+   by the data or the clock (read back from ``rollup_host``), all keyed by time and tags,
+   so a re-run writes the same points again. Iterations written while no analyzer ran are rolled up by ``rankscope rollup``.
 
 After a restart the state is rebuilt from the database: the job's incidents
 are read back (an open one keeps its id; the diagnosis joins the re-detected
@@ -36,7 +36,7 @@ from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
 from analyzer.events import OutOfBandEvent
 from analyzer.rollup_cli import write_windows
-from analyzer.rollups import closed_windows, incident_host_frame, rollup_frames
+from analyzer.rollups import closed_windows, incident_host_frame, rollup_frames, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.incident import Incident, incidents_frame, load_incidents
@@ -196,7 +196,7 @@ class AnalyzerService:
                 return
             done = min(starts)
         since = min(done, first_ms) if first_ms is not None else done
-        last_window_end = (ja.last_time_ms // w + 1) * w   # no window after the newest iteration's
+        last_window_end = window_span(ja.last_time_ms, ja.last_time_ms, w)[1]   # none after the newest's
         newest = min(max(ja.last_time_ms, int(self.clock() * 1000)), last_window_end + LATE_MARGIN_MS)
         start, closed = closed_windows(since, newest, LATE_MARGIN_MS, w)
         write_windows(self.store, job, start, last_window_end if final else closed, w)

@@ -5,8 +5,9 @@ The analyzer rolls up every iteration it processes; iterations stored before it 
 ``history`` have no ``rollup_host`` / ``rollup_job`` points, so the NOC walls show a gap.
 This command walks a job's ``stage_latency`` from ``--since`` in chunks of iterations and
 writes their rollups (:mod:`analyzer.rollups`), then the ``rollup_host_5m`` windows the range
-touches (read back from ``rollup_host``, so a window's points from before the range count). Points are keyed by the iteration's time and
-tags: running it again over the same range writes the same points, never duplicates.
+touches (read back from ``rollup_host``, so a window's points from before the range count).
+Points are keyed by the iteration's time and tags: running it again over the same range writes
+the same points, never duplicates.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.rollups import rollup_frames, window_rollup
+from analyzer.rollups import rollup_frames, window_rollup, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.store import Store, open_store
@@ -106,8 +107,7 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
             break
     if report.iterations:
         # every window the range touches, its edges included: the window's other points count
-        w = schema.ROLLUP_WINDOW_MS
-        n = write_windows(store, job, report.first_ms // w * w, (report.last_ms // w + 1) * w, w)
+        n = write_windows(store, job, *window_span(report.first_ms, report.last_ms))
         report.points[schema.ROLLUP_HOST_WINDOW] = n
     return report
 
@@ -138,9 +138,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "rollup", help="write the rollups the dashboards read for iterations stored before the analyzer ran",
         description="Read stage_latency from --since (to --until) and write rollup_host and rollup_job, "
-                    "the per-host and per-job points the NOC walls, the L1 panels and the alert rules read, "
-                    "and rollup_host_5m for every 5-minute window the range touches. The analyzer writes them for every iteration it processes; this fills the "
-                    "iterations it never saw. Idempotent: running it again writes the same points.")
+                    "the per-host and per-job points the NOC walls, the L1 panels and the alert rules "
+                    "read, and rollup_host_5m for every 5-minute window the range touches. The "
+                    "analyzer writes them for every iteration it processes; this fills the iterations "
+                    "it never saw. Idempotent: running it again writes the same points.")
     add_store_options(p)
     p.add_argument("--since", required=True, metavar="TIME",
                    help="first iteration time: 6h / 7d (ago), 2026-07-08T09:30:00Z, or epoch ms")

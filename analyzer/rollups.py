@@ -166,6 +166,17 @@ def closed_windows(since_ms: int, newest_ms: int, settle_ms: int,
     return start, max(start, end)
 
 
+def window_span(first_ms: int, last_ms: int, window_ms: int = schema.ROLLUP_WINDOW_MS) -> tuple[int, int]:
+    """``[start, end)``: every window that holds a time in ``[first_ms, last_ms]``.
+
+    Example::
+
+        >>> window_span(310_000, 610_000)
+        (300000, 900000)
+    """
+    return first_ms // window_ms * window_ms, (last_ms // window_ms + 1) * window_ms
+
+
 def job_rollup(job: str, placement: Placement, cube: LatencyCube) -> pd.DataFrame:
     """``rollup_job`` points: one row per iteration that any rank reported.
 

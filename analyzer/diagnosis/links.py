@@ -9,8 +9,9 @@ pipelines of a hot straggler are explained by it. Candidates whose own
 pipeline p2p times did not rise are dropped (a p2p hop involves only the two
 ranks it joins). Without pipeline hops (pp = 1), a node whose EP group spans
 other nodes is told from them by the expert reduce: the ranks holding the same
-experts (the ``edp`` groups) differ between the nodes of one EP group. The episode is confirmed after ``transient_max + 1``
-iterations and stays active while the floors of those ranks stay risen.
+experts (the ``edp`` groups) differ between the nodes of one EP group. The
+episode is confirmed after ``transient_max + 1`` iterations and stays active
+while the floors of those ranks stay risen.
 
 Example::
 
