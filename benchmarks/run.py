@@ -49,6 +49,11 @@ class BenchContext:
     def side_by_side(self, fns: dict[str, Callable[[], object]], repeat: int | None = None) -> dict[str, float]:
         """Medians of several functions measured interleaved (a, b, a, b, ...), so
         machine noise hits them alike; the ratios are the figures to quote."""
+        return {k: statistics.median(v) for k, v in self.interleaved(fns, repeat).items()}
+
+    def interleaved(self, fns: dict[str, Callable[[], object]], repeat: int | None = None) -> dict[str, list[float]]:
+        """Every wall time of :meth:`side_by_side`'s rounds (sample ``i`` of each function is
+        from round ``i``), for a figure that needs the spread, not just the median."""
         for fn in fns.values():
             fn()
         samples: dict[str, list[float]] = {k: [] for k in fns}
@@ -57,7 +62,7 @@ class BenchContext:
                 t0 = time.perf_counter()
                 fn()
                 samples[k].append(time.perf_counter() - t0)
-        return {k: statistics.median(v) for k, v in samples.items()}
+        return samples
 
 
 def areas() -> list[str]:
