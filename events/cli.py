@@ -13,11 +13,12 @@ import time
 
 from events.payloads import DEFAULT_HOST_LABELS, from_rankscope
 from events.receiver import TOKEN_ENV, EventReceiver, ReceiverConfig
-from events.rows import DEFAULT_SEVERITY, DEFAULT_SOURCE, RESOLVED, events_frame, format_time
+from events.rows import DEFAULT_SEVERITY, DEFAULT_SOURCE, RESOLVED, events_frame
 from rankscope import schema
 from rankscope.cli import add_store_options
 from rankscope.hostnames import matching_hosts
 from rankscope.store import open_store
+from rankscope.times import format_time
 
 log = logging.getLogger("events")
 

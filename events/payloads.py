@@ -35,8 +35,8 @@ from events.rows import (
     EventError,
     EventRow,
     parse_end,
-    parse_time,
 )
+from rankscope.times import TimeError, parse_time
 
 #: Labels that name the machine, in order of preference.
 DEFAULT_HOST_LABELS: tuple[str, ...] = ("host", "hostname", "instance", "node")
@@ -209,7 +209,7 @@ def _own_row(item: object, now_ms: int) -> EventRow:
 def _collect(out: Translation, index: int, make: Callable[[], EventRow]) -> None:
     try:
         out.rows.append(make())
-    except EventError as exc:
+    except (EventError, TimeError) as exc:
         out.refused.append(Refusal(index, str(exc)))
 
 

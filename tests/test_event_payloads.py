@@ -21,7 +21,8 @@ from events.payloads import (
     host_of,
     strip_port,
 )
-from events.rows import NO_END, EventError, EventRow, events_frame, format_time, parse_time
+from events.rows import NO_END, EventError, EventRow, events_frame
+from rankscope.times import format_time, parse_time
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
 

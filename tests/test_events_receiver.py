@@ -12,10 +12,10 @@ import pytest
 
 from analyzer.cycle import run_once
 from events.receiver import EventReceiver, ReceiverConfig
-from events.rows import format_time
 from rankscope import schema
 from rankscope.cli import main
 from rankscope.store import InfluxStore
+from rankscope.times import format_time
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 from tests.test_event_payloads import (
