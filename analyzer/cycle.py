@@ -1,7 +1,7 @@
 """One analyzer cycle: read what is new, feed the job analyzers, write the results back.
 
-The only module of the analyzer that does I/O (through the store). Each cycle,
-per job:
+With :mod:`analyzer.rollup_writer`, the analyzer's I/O (through the store). Each
+cycle, per job:
 
 1. read the ``stage_latency`` points newer than the last processed iteration
    (minus a margin for late writers), in chunks of ``chunk_iterations``;
@@ -13,7 +13,8 @@ per job:
    rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
    :mod:`analyzer.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
    by the data or the clock (read back from ``rollup_host``), all keyed by time and tags,
-   so a re-run writes the same points again. Iterations written while no analyzer ran are rolled up by ``rankscope rollup``.
+   so a re-run writes the same points again. Iterations written while no analyzer ran are
+   rolled up by ``rankscope rollup``.
 
 After a restart the state is rebuilt from the database: the job's incidents
 are read back (an open one keeps its id; the diagnosis joins the re-detected
@@ -35,7 +36,7 @@ from tqdm import tqdm
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
 from analyzer.events import OutOfBandEvent
-from analyzer.rollup_cli import write_windows
+from analyzer.rollup_writer import write_windows
 from analyzer.rollups import closed_windows, incident_host_frame, rollup_frames, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
