@@ -1,7 +1,7 @@
 """One analyzer cycle: read what is new, feed the job analyzers, write the results back.
 
-With :mod:`analyzer.rollup_writer`, the analyzer's I/O (through the store). Each
-cycle, per job:
+The analyzer's I/O, through the store (the rollups it writes from stored points are in
+:mod:`analyzer.rollup_writer`). Each cycle, per job:
 
 1. read the ``stage_latency`` points newer than the last processed iteration
    (minus a margin for late writers), in chunks of ``chunk_iterations``;

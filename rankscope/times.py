@@ -54,7 +54,7 @@ def parse_time(value: object, what: str = "time", *, now_ms: int | None = None,
             raise TimeError(f"{what} {value!r} looks like epoch seconds; give epoch milliseconds")
     elif isinstance(value, str):
         text = value.strip()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():      # not "²": str.isdigit takes it, int() does not
             return parse_time(int(text), what)
         ago = _AGO.fullmatch(text) if now_ms is not None else None
         if ago:

@@ -20,7 +20,6 @@ from rankscope import schema
 from rankscope.cli import main
 from rankscope.frames import LatencyCube, frame_to_cube
 from rankscope.incident import Impact, Incident, IncidentClass, Status
-from rankscope.times import parse_time
 from rankscope.topology import Topology
 from simulator.scenario import Scenario
 from simulator.simulate import simulate
@@ -248,23 +247,3 @@ def test_rollup_command_backfills_what_the_analyzer_never_saw_idempotently(any_s
     got = any_store.read(schema.ROLLUP_JOB, "tiny")
     assert np.allclose(got["p99_ms"], want["p99_ms"]) and (got["slowest_rank"] == want["slowest_rank"]).all()
     assert main(["rollup", "--since", "soon", *where]) == 1
-
-
-def test_times_on_the_command_line():
-    now = 1_780_000_000_000
-    cli = {"now_ms": now, "assume_utc": True}     # what rankscope rollup --since passes
-    assert parse_time("6h", **cli) == now - 6 * 3_600_000
-    assert parse_time("7d", **cli) == now - 7 * 86_400_000
-    assert parse_time("2026-07-08T09:30:00Z", **cli) == 1_783_503_000_000
-    assert parse_time("2026-07-08T11:30:00+02:00", **cli) == 1_783_503_000_000
-    assert parse_time("2026-07-08T09:30:00", **cli) == 1_783_503_000_000      # no zone: UTC
-    assert parse_time("1783503000000", **cli) == 1_783_503_000_000
-    with pytest.raises(ValueError, match="seconds"):
-        parse_time("1783503000", **cli)
-    with pytest.raises(ValueError, match="--since 'yesterday'.*expected e.g. 6h"):
-        parse_time("yesterday", "--since", **cli)
-    # a payload's time: no relative form, and no zone is refused rather than guessed
-    with pytest.raises(ValueError, match="has no time zone"):
-        parse_time("2026-07-08T09:30:00", "startsAt")
-    with pytest.raises(ValueError, match="not an RFC 3339 time"):
-        parse_time("6h", "startsAt")
