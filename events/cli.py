@@ -13,12 +13,12 @@ import time
 
 from events.payloads import DEFAULT_HOST_LABELS, from_rankscope
 from events.receiver import TOKEN_ENV, EventReceiver, ReceiverConfig
-from events.rows import DEFAULT_SEVERITY, DEFAULT_SOURCE, RESOLVED, events_frame
+from events.rows import DEFAULT_SEVERITY, DEFAULT_SOURCE, FIRING, RESOLVED, events_frame
 from rankscope import schema
 from rankscope.cli import add_store_options
 from rankscope.hostnames import matching_hosts
-from rankscope.store import open_store
-from rankscope.times import format_time
+from rankscope.store import Store, open_store
+from rankscope.times import format_time, parse_time
 
 log = logging.getLogger("events")
 
@@ -74,15 +74,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_store_options(add)
     add.add_argument("--name", required=True, help="what happened, e.g. 'server port down'")
     add.add_argument("--host", required=True, help="the machine it happened on")
-    add.add_argument("--time", help="when it started: RFC 3339 (2026-07-08T09:30:00Z) or epoch "
-                                    "milliseconds (default: now)")
+    add.add_argument("--time", help="when it started: 30m / 2h (that long ago), RFC 3339 "
+                                    "(2026-07-08T09:30:00Z; no zone: UTC) or epoch milliseconds "
+                                    "(default: now; with --resolved: the start of the firing event "
+                                    "it resolves)")
     add.add_argument("--severity", default=DEFAULT_SEVERITY, help=f"default {DEFAULT_SEVERITY}")
     add.add_argument("--text", default="", help="free text (default: the name)")
     add.add_argument("--source", default=DEFAULT_SOURCE,
                      help=f"who reports it (default {DEFAULT_SOURCE})")
     add.add_argument("--job", help="the job it concerns (default: none, a cluster event matched "
                                    "by host)")
-    add.add_argument("--resolved", action="store_true", help="the event is over (ended now)")
+    add.add_argument("--resolved", action="store_true",
+                     help="the event is over (ended now): rewrites the latest firing event of the "
+                          "same name, host, severity, source and job")
     add.set_defaults(func=run_add)
 
 
@@ -116,16 +120,18 @@ def run_add(args: argparse.Namespace) -> int:
     now_ms = int(time.time() * 1000)
     item = {"name": args.name, "host": args.host, "severity": args.severity, "source": args.source,
             "text": args.text}
-    if args.time is not None:
-        item["time"] = args.time
+    if args.time is not None:   # a person's command: "30m" and a zoneless time (UTC) are fine
+        item["time"] = parse_time(args.time, "--time", now_ms=now_ms, assume_utc=True)
     if args.resolved:
         item["status"] = RESOLVED
-    tr = from_rankscope([item], now_ms)
-    if not tr.ok:
-        raise ValueError(tr.refused[0].reason)
-    row = tr.rows[0]
     # an event only counts where the analyzer reads: a mistyped path is refused, not created
     with open_store(args.store, args.bucket, create=False) as store:
+        if args.resolved and args.time is None:
+            item["time"] = _firing_start(store, item, args.job)
+        tr = from_rankscope([item], now_ms)
+        if not tr.ok:
+            raise ValueError(tr.refused[0].reason)
+        row = tr.rows[0]
         store.write_measurement(schema.EVENT, events_frame(tr.rows, args.job))
         hosts = store.hosts()
         print(f"event {row.name!r} on {row.host} at {format_time(row.time_ms)} ({row.status}) written "
@@ -135,3 +141,19 @@ def run_add(args: argparse.Namespace) -> int:
               f"are matched to incidents by the host name the collectors report, case and domain "
               f"folded ({', '.join(hosts[:3])}{'' if len(hosts) <= 3 else ', ...'})", file=sys.stderr)
     return 0
+
+
+def _firing_start(store: Store, item: dict[str, str], job: str | None) -> int:
+    """The start of the latest firing event a ``--resolved`` notice without ``--time`` ends: the
+    same name, host, severity, source and job (a notice rewrites the point with its time)."""
+    where: dict[str, str | None] = {k: item[k].strip() for k in ("name", "host", "severity", "source")}
+    if job is None:
+        where["job"] = None
+    found = store.read(schema.EVENT, job, where=where)
+    firing = found[found["status"] == FIRING] if len(found) and "status" in found.columns else found.iloc[:0]
+    if not len(firing):
+        scope = f"job {job}" if job else "cluster events"
+        raise ValueError(f"no firing event {where['name']!r} on {where['host']} (severity "
+                         f"{where['severity']}, source {where['source']}, {scope}) to resolve; "
+                         f"give --time with its start to record a resolved event anyway")
+    return int(firing["time"].max())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import time
 import uuid
 
 import pytest
@@ -238,6 +239,28 @@ def test_event_add_command_writes_and_resolves(influx_url, influx_store, monkeyp
     assert back.iloc[0]["time"] == utc_ms(2026, 7, 8, 9, 30, 0)
     assert main(["event", "add", *common[:-4], "--time", "1783503000"]) == 1   # seconds, not ms
     assert "looks like epoch seconds" in capsys.readouterr().err
+
+
+def test_event_add_resolves_the_firing_event_without_its_time(influx_url, influx_store, monkeypatch, capsys):
+    """An operator resolves what they added without retyping its start; a person's times work."""
+    monkeypatch.setenv("RANKSCOPE_INFLUX_API", "v1")
+    where = ["--store", influx_url, "--bucket", influx_store.bucket]
+    port = [*where, "--name", "server port down", "--host", "gpu-node-01294"]
+    assert main(["event", "add", *port, "--time", "2026-07-08T09:30:00"]) == 0      # no zone: UTC
+    assert main(["event", "add", *port, "--name", "xid 79", "--time", "30m"]) == 0
+    capsys.readouterr()
+    assert main(["event", "add", *port, "--resolved"]) == 0
+    back = influx_store.read_events().set_index("name")
+    assert len(back) == 2                                  # rewritten in place, not a second event
+    assert back.loc["server port down", "status"] == "resolved"
+    assert back.loc["server port down", "time"] == utc_ms(2026, 7, 8, 9, 30, 0)
+    assert back.loc["xid 79", "status"] == "firing"
+    assert abs(back.loc["xid 79", "time"] - (time.time() * 1000 - 1_800_000)) < 60_000
+    # nothing firing left to resolve (or another source's event): refused, nothing written
+    assert main(["event", "add", *port, "--resolved"]) == 1
+    assert "no firing event 'server port down' on gpu-node-01294" in capsys.readouterr().err
+    assert main(["event", "add", *port, "--name", "xid 79", "--source", "dcgm", "--resolved"]) == 1
+    assert len(influx_store.read_events()) == 2
 
 
 def test_network_alert_on_the_straggler_is_contradicted_and_one_elsewhere_is_not_attached(
