@@ -13,7 +13,7 @@ from analyzer.config import load_config
 from analyzer.config_watch import ConfigWatcher
 from analyzer.cycle import AnalyzerService
 from analyzer.schedule import build_scheduler, safe_cycle
-from rankscope.cli import add_store_options
+from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store
 
 log = logging.getLogger("rankscope.analyze")
@@ -57,12 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _once(svc: AnalyzerService, store, args: argparse.Namespace) -> int:
     """One cycle over what is stored; the incidents, as JSON or as an operator's briefing."""
-    if args.job:
-        known = store.jobs()
-        missing = [j for j in args.job if j not in known]
-        if missing:
-            raise ValueError(f"no job {', '.join(map(repr, missing))} in {store!r}; jobs there: "
-                             f"{', '.join(known) or 'none'}")
+    require_jobs(store, args.job)
     report = svc.cycle(final=True)
     incidents = svc.stored_incidents()
     if args.json:

@@ -17,12 +17,12 @@ import sys
 import time
 
 from analyzer.rollup_writer import backfill
+from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store
 from rankscope.times import format_time, parse_time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from rankscope.cli import add_store_options
 
     p = sub.add_parser(
         "rollup", help="write the rollups the dashboards read for iterations stored before the analyzer ran",
@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until, "--until", now_ms=now_ms, assume_utc=True) if args.until else None
     if args.chunk < 1:
         raise ValueError("--chunk must be at least 1")
+    if until is not None and until < since:
+        raise ValueError(f"--until {args.until} ({format_time(until)}) is before --since {args.since} "
+                         f"({format_time(since)})")
     with open_store(args.store, args.bucket, create=False) as store:
+        require_jobs(store, args.job)
         jobs = args.job or store.jobs()
         if not jobs:
             print(f"no stage_latency data in {store!r}", file=sys.stderr)

@@ -27,7 +27,7 @@ from dashboards.report_data import (
     rows_around,
     stage_comparison,
 )
-from rankscope.cli import add_store_options
+from rankscope.cli import add_store_options, require_jobs
 from rankscope.incident import Incident, load_incident
 from rankscope.store import Store, open_store
 from rankscope.topology import format_ranks
@@ -122,7 +122,7 @@ def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
              ("Onset iteration", incident.onset_iteration
               if not incident.intermittent else f"{incident.first_onset} (intermittent: {incident.episodes} "
                                                 f"episodes, last from {incident.last_onset})"),
-             ("Cost", incident.cost or "not known (no iterations before the onset)"),
+             ("Cost", incident.cost.removeprefix("Cost: ") or "not known (no iterations before the onset)"),
              ("Resolved iteration", incident.resolved_iteration if incident.resolved_iteration >= 0 else "open")]
     shown = {k: ev[k] for k in ("stage", "ratio", "culprit_ms", "group_median_ms") if k in ev}
     return _TEMPLATES.get_template("report.html.j2").render(
@@ -150,7 +150,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; the report is a folder (index.html and figures)")
     with open_store(args.store, args.bucket, create=False) as store:
+        require_jobs(store, [args.job] if args.job else None)
         job = args.job
         if job is None:
             jobs = store.jobs()

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog=f"Without --store (and RANKSCOPE_STORE) the demo writes to {DEMO_STORE}, made "
                               f"afresh; explore it afterwards with --store {DEMO_STORE}.")
-    add_store_options(p)
+    add_store_options(p, default_store=DEMO_STORE)
     p.add_argument("--scenario", default="il-0477", help="built-in scenario or TOML file (default il-0477)")
     p.add_argument("--report", default="out/report", metavar="DIR",
                    help="where to write the incident report (default out/report)")

@@ -12,27 +12,42 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterable
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
 from rankscope import __version__
 from rankscope.config import DEFAULT_BUCKET, DEFAULT_STORE
+
+if TYPE_CHECKING:
+    from rankscope.store import Store
 
 #: The entry-point group through which components add their subcommands.
 COMMAND_GROUP = "rankscope.commands"
 
 
-def add_store_options(parser: argparse.ArgumentParser) -> None:
-    """``--store`` and ``--bucket``, shared by every command that touches data."""
+def add_store_options(parser: argparse.ArgumentParser, default_store: str = DEFAULT_STORE) -> None:
+    """``--store`` and ``--bucket``, shared by every command that touches data (``default_store``:
+    what the command's help names as the default when it has its own, as the demo does)."""
     parser.add_argument(
         "--store", metavar="URL|PATH", default=None,
         help=f"http(s):// URL of an InfluxDB server, or the path of an embedded store "
-             f"(env RANKSCOPE_STORE; default {DEFAULT_STORE}). Credentials come from the "
+             f"(env RANKSCOPE_STORE; default {default_store}). Credentials come from the "
              f"environment: INFLUXDB_V2_TOKEN/INFLUXDB_V2_ORG (2.x, 3.x) or "
              f"INFLUXDB_V1_USERNAME/INFLUXDB_V1_PASSWORD (1.x).")
     parser.add_argument(
         "--bucket", default=None,
         help=f"bucket on InfluxDB 2.x/3.x, database on 1.x, created on 1.x when missing "
              f"(env RANKSCOPE_BUCKET; default {DEFAULT_BUCKET})")
+
+
+def require_jobs(store: Store, jobs: Iterable[str] | None) -> None:
+    """Refuse job names the store has no ``stage_latency`` for, listing the ones it has (a typo
+    should not read as "nothing happened")."""
+    missing = [j for j in jobs or () if j not in (known := store.jobs())]
+    if missing:
+        raise ValueError(f"no job {', '.join(map(repr, missing))} in {store!r}; jobs there: "
+                         f"{', '.join(known) or 'none'}")
 
 
 def build_parser() -> argparse.ArgumentParser:

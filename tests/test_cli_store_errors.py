@@ -77,3 +77,37 @@ def test_event_add_names_the_store_and_warns_of_an_unknown_host(tmp_path, capsys
     assert main(["event", "add", "--name", "port down", "--host", "h", "--store",
                  str(tmp_path / "other.db")]) != 0                   # no store there: refused, not made
     assert not (tmp_path / "other.db").exists()
+
+
+def test_rollup_and_report_refuse_unknown_jobs_and_impossible_arguments(tmp_path, capsys, monkeypatch):
+    """A typo in a job name, a range that ends before it starts, a report folder that is a file:
+    each refused with what was wrong, not read as "nothing there"."""
+    monkeypatch.delenv("RANKSCOPE_STORE", raising=False)
+    path = _store_with_a_job(tmp_path)
+    store = ["--store", str(path)]
+    capsys.readouterr()
+    assert main(["rollup", "--since", "7d", "--job", "nosuchjob", *store]) == 1
+    assert "no job 'nosuchjob'" in (err := capsys.readouterr().err) and "jobs there: compute-slowdown" in err
+    assert main(["rollup", "--since", "1h", "--until", "2h", *store]) == 1
+    assert "--until 2h" in (err := capsys.readouterr().err) and "is before --since 1h" in err
+    assert main(["report", "--job", "nosuchjob", "--out", str(tmp_path / "r"), *store]) == 1
+    assert "no job 'nosuchjob'" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert main(["report", "--out", str(tmp_path / "afile"), *store]) == 1
+    assert "--out" in (err := capsys.readouterr().err) and "is a file" in err
+
+
+def test_the_demo_names_its_own_default_store(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default .rankscope/demo.db" in text and "default .rankscope/store.db" not in text
+
+
+def test_a_missing_store_points_at_the_stores_beside_it(tmp_path, capsys, monkeypatch):
+    """After `make demo` the data is in .rankscope/demo.db; a command run without --store is told."""
+    monkeypatch.delenv("RANKSCOPE_STORE", raising=False)
+    path = _store_with_a_job(tmp_path)
+    capsys.readouterr()
+    assert main(["store", "--store", str(tmp_path / "store.db")]) == 1
+    assert f"no store at {tmp_path / 'store.db'} (stores there: {path})" in capsys.readouterr().err

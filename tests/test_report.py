@@ -72,6 +72,8 @@ def test_report_names_the_culprits_and_links_its_figures(report, il0477):
     for section in ("Symptom", "Cause", "Detection", "Evidence"):
         assert f">{section}</h2>" in text
     assert "10352-10359" in text and "1294" in text
+    assert "<th>Cost</th><td>" in text and "<th>Cost</th><td>Cost:" not in text     # said once
+    assert "GPU-hours lost" in text.split("<th>Cost</th><td>")[1].split("</td>")[0]
     assert parse_ranks("10352-10359").tolist() == meta["culprits"]
     for name in meta["figures"].values():
         assert (page.parent / name).stat().st_size > 5_000
@@ -135,4 +137,4 @@ def test_write_report_refuses_an_unknown_incident(il0477, tmp_path, capsys, monk
     assert "no incident 'no-such-id'" in capsys.readouterr().err
     assert main(["report", "--store", il0477.url, "--bucket", il0477.db, "--job", "nope",
                  "--out", str(tmp_path)]) == 1
-    assert "job 'nope' has no incidents" in capsys.readouterr().err
+    assert "no job 'nope'" in (err := capsys.readouterr().err) and f"jobs there: {il0477.job}" in err

@@ -33,7 +33,9 @@ def open_store(store: str | None = None, bucket: str | None = None,
                            retention=s.retention)
     if not create and s.location != ":memory:" and not Path(s.location).is_file():
         where = Path(s.location)
-        hint = "" if where.parent.is_dir() else f" (and no folder {where.parent})"
+        others = sorted(where.parent.glob("*.db")) if where.parent.is_dir() else []
+        hint = (f" (and no folder {where.parent})" if not where.parent.is_dir() else
+                f" (stores there: {', '.join(str(o) for o in others[:5])})" if others else "")
         raise StoreError(f"no store at {s.location}{hint}: give --store (or RANKSCOPE_STORE) the path "
                          f"of an existing embedded store or an http(s):// InfluxDB URL")
     return EmbeddedStore(s.location, s.bucket)
