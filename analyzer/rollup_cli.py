@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"no stage_latency data in {store!r}", file=sys.stderr)
             return 0
         for job in jobs:
-            rep = backfill(store, job, since, until, args.chunk)
+            rep = backfill(store, job, since, until, args.chunk, progress=True)
             if not rep.iterations:
                 print(f"{job}: no iteration in the range")
                 continue

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from analyzer.rollups import rollup_frames, window_rollup, window_span
 from rankscope import schema
@@ -55,29 +56,35 @@ def _topology(frame: pd.DataFrame, previous: Topology | None) -> Topology:
 
 
 def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
-             chunk_iterations: int = 20) -> BackfillReport:
-    """Write the rollups of ``job``'s iterations with times in [since_ms, until_ms]."""
+             chunk_iterations: int = 20, progress: bool = False) -> BackfillReport:
+    """Write the rollups of ``job``'s iterations with times in [since_ms, until_ms]; with
+    ``progress``, a bar of the iterations done on a terminal (stderr)."""
     report = BackfillReport(job, 0, {})
     cursor, topo = since_ms - 1, None
-    while True:
-        times = store.next_times(schema.STAGE_LATENCY, job, cursor, chunk_iterations)
-        times = [t for t in times if until_ms is None or t <= until_ms]
-        if not times:
-            break
-        cursor = times[-1]
-        frame = store.read_stage_latency(job, start_ms=times[0], end_ms=times[-1])
-        if len(frame):
-            topo = _topology(frame, topo)
-            stages = [s for s in schema.stage_fields(frame.columns) if pd.api.types.is_numeric_dtype(frame[s])]
-            cube = frame_to_cube(frame, topo.world, stages)
-            for name, rolled in rollup_frames(job, topo, cube).items():
-                store.write_measurement(name, rolled)
-                report.points[name] = report.points.get(name, 0) + len(rolled)
-            report.iterations += len(cube.iterations)
-            report.first_ms = int(cube.times.min()) if report.first_ms is None else report.first_ms
-            report.last_ms = int(np.max(cube.times))
-        if len(times) < chunk_iterations:
-            break
+    bar = tqdm(desc=f"rollup {job}", unit="it", disable=None if progress else True, leave=False,
+               dynamic_ncols=True)
+    with bar:
+        while True:
+            times = store.next_times(schema.STAGE_LATENCY, job, cursor, chunk_iterations)
+            times = [t for t in times if until_ms is None or t <= until_ms]
+            if not times:
+                break
+            cursor = times[-1]
+            frame = store.read_stage_latency(job, start_ms=times[0], end_ms=times[-1])
+            if len(frame):
+                topo = _topology(frame, topo)
+                stages = [s for s in schema.stage_fields(frame.columns)
+                          if pd.api.types.is_numeric_dtype(frame[s])]
+                cube = frame_to_cube(frame, topo.world, stages)
+                for name, rolled in rollup_frames(job, topo, cube).items():
+                    store.write_measurement(name, rolled)
+                    report.points[name] = report.points.get(name, 0) + len(rolled)
+                report.iterations += len(cube.iterations)
+                report.first_ms = int(cube.times.min()) if report.first_ms is None else report.first_ms
+                report.last_ms = int(np.max(cube.times))
+                bar.update(len(cube.iterations))
+            if len(times) < chunk_iterations:
+                break
     if report.iterations:
         # every window the range touches, its edges included: the window's other points count
         n = write_windows(store, job, *window_span(report.first_ms, report.last_ms))
