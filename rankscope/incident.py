@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope import schema
-from rankscope.topology import format_ranks, parse_ranks
+from rankscope.topology import format_ranks, parse_ranks, rank_phrase
 
 if TYPE_CHECKING:  # the store's interface, for the loaders' signatures
     from rankscope.store.base import Store
@@ -58,7 +58,8 @@ class IncidentClass(StrEnum):
         return "".join(word[0] for word in self.value.split("_"))
 
 
-#: What an operator does about each class (``{where}``: hosts or nodes, ``{ranks}``, ``{stage}``).
+#: What an operator does about each class (``{where}``: hosts or nodes, ``{ranks}``, ``{stage}``,
+#: ``{Ranks}``: "Rank 7" / "Ranks 1-3").
 ACTIONS: dict[IncidentClass, str] = {
     IncidentClass.COMPUTE_STRAGGLER: "Drain and replace {where}: the slowness is in compute-only work on "
                                      "those GPUs; network repairs will not restore the speed.",
@@ -67,7 +68,7 @@ ACTIONS: dict[IncidentClass, str] = {
     IncidentClass.PIPELINE_IMBALANCE: "Rebalance the pipeline stages: stage {stage} takes longer than the others.",
     IncidentClass.TRANSIENT_STALL: "No action unless it repeats: a short stall that passed on its own.",
     IncidentClass.HOST_STALL: "Check the host side (data loader, CPU, storage) of {where}.",
-    IncidentClass.SILENT_RANK: "Ranks {ranks} stopped reporting: check the processes on {where}.",
+    IncidentClass.SILENT_RANK: "{Ranks} stopped reporting: check the processes on {where}.",
 }
 
 
@@ -224,12 +225,14 @@ class Incident:
         stage = f" in {self.stage}" if self.stage else ""
         ratio = f" ({self.ratio:.1f}x)" if self.ratio and self.cls != IncidentClass.SILENT_RANK else ""
         again = f"intermittent ({self.episodes} episodes) " if self.intermittent else ""
-        return f"{again}{self.cls.label}: ranks {format_ranks(self.ranks)} on {self.where}{stage}{ratio}"
+        return f"{again}{self.cls.label}: {rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
 
     @property
     def action(self) -> str:
         """What to do, in one sentence."""
-        text = ACTIONS[self.cls].format(where=self.where, ranks=format_ranks(self.ranks), stage=self.stage)
+        phrase = rank_phrase(self.ranks)
+        text = ACTIONS[self.cls].format(where=self.where, ranks=format_ranks(self.ranks), stage=self.stage,
+                                        Ranks=phrase[0].upper() + phrase[1:])
         if self.evidence.get("ambiguous"):
             text += " No timing separates these machines: check each."
         return text

@@ -331,6 +331,16 @@ def format_ranks(ranks) -> str:
     return ",".join(str(s) if s == e else f"{s}-{e}" for s, e in zip(starts, ends, strict=True))
 
 
+def rank_phrase(ranks) -> str:
+    """A rank set as a sentence names it (one rank is not "ranks 1379").
+
+        >>> rank_phrase([1379]), rank_phrase(range(10352, 10360))
+        ('rank 1379', 'ranks 10352-10359')
+    """
+    text = format_ranks(ranks)
+    return f"rank {text}" if text.isdigit() else f"ranks {text}"
+
+
 def parse_ranks(spec) -> np.ndarray:
     """Parse ``"10352-10359"``, ``"1,4,7-9"``, an int, or a list of ints/ranges into sorted ranks."""
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):

@@ -51,7 +51,7 @@ def test_analyze_once_briefs_the_operator_and_refuses_unknown_jobs(tmp_path, cap
     capsys.readouterr()
     assert main(["analyze", "--once", "--store", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "[open] cs-20-r1379 compute straggler: ranks 1379 on gpu-node-00172" in out
+    assert "[open] cs-20-r1379 compute straggler: rank 1379 on gpu-node-00172" in out
     assert "Action: Drain and replace gpu-node-00172" in out and "GPU-hours lost so far" in out
     assert main(["analyze", "--once", "--job", "nosuchjob", "--store", str(path)]) != 0
     err = capsys.readouterr().err

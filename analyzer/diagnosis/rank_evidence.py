@@ -18,7 +18,7 @@ from analyzer.group_scores import group_medians
 from analyzer.rank_scores import peer_kind
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
-from rankscope.topology import Topology, format_ranks
+from rankscope.topology import Topology, format_ranks, rank_phrase
 
 #: Group kinds that can localise a compute culprit, smallest first (pipeline
 #: members do different work, so they are not peers).
@@ -106,7 +106,9 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
     comm, arrived_last = _collectives(inc, ranks, since, obs, topo, stages)
     compute_only = stages[inc.stage].kind == "compute"
     ratio_txt = f"{ratio:.1f}x" if np.isfinite(ratio) else "?"
-    summary = (f"Ranks {format_ranks(inc.ranks)} ({inc.where}) take {ratio_txt} the time of their "
+    who = rank_phrase(inc.ranks)
+    summary = (f"{who[0].upper()}{who[1:]} ({inc.where}) take{'s' if who.startswith('rank ') else ''} "
+               f"{ratio_txt} the time of their "
                f"{loc_kind.upper() if loc_kind in ('ep', 'dp', 'tp') else loc_kind} group "
                f"{format_ranks(loc_ranks)} in {inc.stage}"
                f"{', a compute-only stage' if compute_only else ', a host-side stage'}"

@@ -25,7 +25,7 @@ from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rule import Rule, culprit_incident
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
-from rankscope.topology import Topology, format_ranks
+from rankscope.topology import Topology, rank_phrase
 
 
 class SilenceRule(Rule):
@@ -59,7 +59,8 @@ class SilenceRule(Rule):
         inc = culprit_incident(self.job, IncidentClass.SILENT_RANK, new, self.topo, onset, obs.time_ms,
                                stage=None, ratio=0.0, group_type="node",
                                group_ranks=self.topo.node_ranks(nodes).tolist())
-        inc.evidence = {"summary": (f"Ranks {format_ranks(new)} ({inc.where}) stopped reporting "
+        who = rank_phrase(new)
+        inc.evidence = {"summary": (f"{who[0].upper()}{who[1:]} ({inc.where}) stopped reporting "
                                     f"at iteration {onset} while the other ranks go on: a hung or crashed "
                                     f"process, or its collector.")}
         inc = book.register(inc)
