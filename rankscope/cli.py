@@ -44,7 +44,10 @@ def add_store_options(parser: argparse.ArgumentParser, default_store: str = DEFA
 def require_jobs(store: Store, jobs: Iterable[str] | None) -> None:
     """Refuse job names the store has no ``stage_latency`` for, listing the ones it has (a typo
     should not read as "nothing happened")."""
-    missing = [j for j in jobs or () if j not in (known := store.jobs())]
+    if not jobs:
+        return
+    known = store.jobs()
+    missing = [j for j in jobs if j not in known]
     if missing:
         raise ValueError(f"no job {', '.join(map(repr, missing))} in {store!r}; jobs there: "
                          f"{', '.join(known) or 'none'}")
