@@ -150,7 +150,7 @@ def _firing_start(store: Store, item: dict[str, str], job: str | None) -> int:
     if job is None:
         where["job"] = None
     found = store.read(schema.EVENT, job, where=where)
-    firing = found[found["status"] == FIRING] if len(found) and "status" in found.columns else found.iloc[:0]
+    firing = found[found["status"] == FIRING] if len(found) else found   # an empty read has no columns
     if not len(firing):
         scope = f"job {job}" if job else "cluster events"
         raise ValueError(f"no firing event {where['name']!r} on {where['host']} (severity "

@@ -230,9 +230,8 @@ class Incident:
     @property
     def action(self) -> str:
         """What to do, in one sentence."""
-        phrase = rank_phrase(self.ranks)
         text = ACTIONS[self.cls].format(where=self.where, ranks=format_ranks(self.ranks), stage=self.stage,
-                                        Ranks=phrase[0].upper() + phrase[1:])
+                                        Ranks=rank_phrase(self.ranks, capital=True))
         if self.evidence.get("ambiguous"):
             text += " No timing separates these machines: check each."
         return text

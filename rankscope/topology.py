@@ -331,14 +331,15 @@ def format_ranks(ranks) -> str:
     return ",".join(str(s) if s == e else f"{s}-{e}" for s, e in zip(starts, ends, strict=True))
 
 
-def rank_phrase(ranks) -> str:
-    """A rank set as a sentence names it (one rank is not "ranks 1379").
+def rank_phrase(ranks, capital: bool = False) -> str:
+    """A rank set as a sentence names it (one rank is not "ranks 1379"); ``capital`` to begin one.
 
-        >>> rank_phrase([1379]), rank_phrase(range(10352, 10360))
-        ('rank 1379', 'ranks 10352-10359')
+        >>> rank_phrase([1379]), rank_phrase(range(10352, 10360), capital=True)
+        ('rank 1379', 'Ranks 10352-10359')
     """
     text = format_ranks(ranks)
-    return f"rank {text}" if text.isdigit() else f"ranks {text}"
+    noun = "rank" if text.isdigit() else "ranks"
+    return f"{noun.capitalize() if capital else noun} {text}"
 
 
 def parse_ranks(spec) -> np.ndarray:

@@ -1,5 +1,7 @@
 """Read-only commands refuse a store that does not exist instead of reading an empty one."""
 
+import json
+
 import pytest
 
 from rankscope.cli import main
@@ -53,6 +55,9 @@ def test_analyze_once_briefs_the_operator_and_refuses_unknown_jobs(tmp_path, cap
     out = capsys.readouterr().out
     assert "[open] cs-20-r1379 compute straggler: rank 1379 on gpu-node-00172" in out
     assert "Action: Drain and replace gpu-node-00172" in out and "GPU-hours lost so far" in out
+    assert main(["analyze", "--once", "--json", "--store", str(path)]) == 0
+    summary = json.loads(capsys.readouterr().out)["incidents"][0]["evidence"]["summary"]
+    assert summary.startswith("Rank 1379 (gpu-node-00172) takes ")          # one rank: singular
     assert main(["analyze", "--once", "--job", "nosuchjob", "--store", str(path)]) != 0
     err = capsys.readouterr().err
     assert "no job 'nosuchjob'" in err and "jobs there: compute-slowdown" in err

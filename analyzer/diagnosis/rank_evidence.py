@@ -106,8 +106,8 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
     comm, arrived_last = _collectives(inc, ranks, since, obs, topo, stages)
     compute_only = stages[inc.stage].kind == "compute"
     ratio_txt = f"{ratio:.1f}x" if np.isfinite(ratio) else "?"
-    who = rank_phrase(inc.ranks)
-    summary = (f"{who[0].upper()}{who[1:]} ({inc.where}) take{'s' if who.startswith('rank ') else ''} "
+    summary = (f"{rank_phrase(inc.ranks, capital=True)} ({inc.where}) "
+               f"{'takes' if len(set(inc.ranks)) == 1 else 'take'} "
                f"{ratio_txt} the time of their "
                f"{loc_kind.upper() if loc_kind in ('ep', 'dp', 'tp') else loc_kind} group "
                f"{format_ranks(loc_ranks)} in {inc.stage}"

@@ -59,8 +59,7 @@ class SilenceRule(Rule):
         inc = culprit_incident(self.job, IncidentClass.SILENT_RANK, new, self.topo, onset, obs.time_ms,
                                stage=None, ratio=0.0, group_type="node",
                                group_ranks=self.topo.node_ranks(nodes).tolist())
-        who = rank_phrase(new)
-        inc.evidence = {"summary": (f"{who[0].upper()}{who[1:]} ({inc.where}) stopped reporting "
+        inc.evidence = {"summary": (f"{rank_phrase(new, capital=True)} ({inc.where}) stopped reporting "
                                     f"at iteration {onset} while the other ranks go on: a hung or crashed "
                                     f"process, or its collector.")}
         inc = book.register(inc)
