@@ -12,7 +12,8 @@ The analyzer's I/O, through the store (the rollups it writes from stored points 
 4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points, and the
    rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
    :mod:`analyzer.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
-   by the data or the clock (read back from ``rollup_host``), all keyed by time and tags,
+   by the data or the clock (read back from ``rollup_host``) with the ``rollup_host_1h`` hour
+   it falls in (read back from the windows), all keyed by time and tags,
    so a re-run writes the same points again. Iterations written while no analyzer ran are
    rolled up by ``rankscope rollup``.
 
@@ -181,7 +182,8 @@ class AnalyzerService:
 
     def _write_windows(self, job: str, ja: JobAnalyzer, first_ms: int | None, final: bool) -> None:
         """``rollup_host_5m`` for every window that has closed since the last cycle and every
-        closed one this cycle's iterations fell into (late points), read back from ``rollup_host``.
+        closed one this cycle's iterations fell into (late points), read back from ``rollup_host``,
+        and ``rollup_host_1h`` for the hours they fall in.
 
         A window closes when the newest iteration or the clock is ``LATE_MARGIN_MS`` past its
         end, so a job that ended or hangs gets its last windows too. A fresh analyzer (a restart)

@@ -4,8 +4,8 @@ The analyzer rolls up every iteration it processes; iterations stored before it 
 (an imported trace, a replayed scenario) or while it was down longer than its replay
 ``history`` have no ``rollup_host`` / ``rollup_job`` points, so the NOC walls show a gap.
 This command walks a job's ``stage_latency`` from ``--since`` in chunks of iterations and
-writes their rollups, then the ``rollup_host_5m`` windows the range touches
-(:mod:`analyzer.rollup_writer`).
+writes their rollups, then the ``rollup_host_5m`` windows and ``rollup_host_1h`` hours the range
+touches (:mod:`analyzer.rollup_writer`).
 Points are keyed by the iteration's time and tags: running it again over the same range writes
 the same points, never duplicates.
 """
@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "rollup", help="write the rollups the dashboards read for iterations stored before the analyzer ran",
         description="Read stage_latency from --since (to --until) and write rollup_host and rollup_job, "
                     "the per-host and per-job points the NOC walls, the L1 panels and the alert rules "
-                    "read, and rollup_host_5m for every 5-minute window the range touches. The "
+                    "read, and rollup_host_5m / rollup_host_1h for every 5-minute window and hour the "
+                    "range touches. The "
                     "analyzer writes them for every iteration it processes; this fills the iterations "
                     "it never saw. Idempotent: running it again writes the same points.")
     add_store_options(p)

@@ -1,10 +1,11 @@
-"""Rollups written from what the store already holds: the backfill and the 5-minute windows.
+"""Rollups written from what the store already holds: the backfill and the windows.
 
 The analyzer's cycle rolls up the iterations it processes in memory; two things it and
 ``rankscope rollup`` share need the store's points instead, and live here:
 
 - :func:`write_windows`: the ``rollup_host_5m`` points of some windows, read back from
-  ``rollup_host``, so the points written before a restart or by a backfill count;
+  ``rollup_host``, so the points written before a restart or by a backfill count, and the
+  ``rollup_host_1h`` points of the hours they fall in, read back from ``rollup_host_5m``;
 - :func:`backfill`: ``rollup_host`` / ``rollup_job`` for iterations no analyzer saw (an
   imported trace, a replayed scenario, a long outage), read from ``stage_latency`` a chunk of
   iterations at a time, then their windows.
@@ -26,8 +27,11 @@ from rankscope.frames import frame_to_cube
 from rankscope.store import Store
 from rankscope.topology import Topology, TopologyError, infer_topology
 
-#: Windows of ``rollup_host_5m`` read back at once (an hour: 12 x 1,620 x 10 points at IL-0477).
+#: Windows of ``rollup_host_5m`` written per read of ``rollup_host`` (an hour: 12 x 1,620 x 10
+#: points at IL-0477).
 WINDOWS_PER_READ = 12
+#: Hours of ``rollup_host_1h`` written per read of ``rollup_host_5m`` (6 x 12 x 1,620 points).
+HOURS_PER_READ = 6
 
 
 @dataclass
@@ -87,26 +91,42 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
                 break
     if report.iterations:
         # every window the range touches, its edges included: the window's other points count
-        n = write_windows(store, job, *window_span(report.first_ms, report.last_ms))
-        report.points[schema.ROLLUP_HOST_WINDOW] = n
+        report.points.update(write_windows(store, job, *window_span(report.first_ms, report.last_ms)))
     return report
 
 
 def write_windows(store: Store, job: str, start_ms: int, end_ms: int,
-                  window_ms: int = schema.ROLLUP_WINDOW_MS) -> int:
+                  window_ms: int = schema.ROLLUP_WINDOW_MS) -> dict[str, int]:
     """Write the ``rollup_host_5m`` points of the windows in ``[start_ms, end_ms)`` (window
     aligned) from the ``rollup_host`` points the store holds for them, so the points written
-    before a restart or by a backfill count. Returns how many points were written."""
+    before a restart or by a backfill count; then the ``rollup_host_1h`` points of every hour
+    those windows fall in, from the windows the store holds for it (an hour still open holds
+    the windows closed so far, and is written again with each). Returns the points written per
+    measurement."""
+    if end_ms <= start_ms:
+        return {}
+    written = {schema.ROLLUP_HOST_WINDOW: _write_tier(store, job, schema.ROLLUP_HOST, schema.ROLLUP_HOST_WINDOW,
+                                                      start_ms, end_ms, window_ms, WINDOWS_PER_READ)}
+    hour = schema.ROLLUP_HOUR_MS
+    written[schema.ROLLUP_HOST_HOUR] = _write_tier(store, job, schema.ROLLUP_HOST_WINDOW, schema.ROLLUP_HOST_HOUR,
+                                                   *window_span(start_ms, end_ms - 1, hour), hour, HOURS_PER_READ)
+    return written
+
+
+def _write_tier(store: Store, job: str, source: str, target: str, start_ms: int, end_ms: int,
+                window_ms: int, per_read: int) -> int:
+    """Write ``target``'s windows in ``[start_ms, end_ms)`` from ``source``'s points, ``per_read``
+    windows per read; a gap (the job did not run) skips to the window of the next point."""
     written = 0
-    step = window_ms * WINDOWS_PER_READ
+    step = window_ms * per_read
     lo = start_ms
     while lo < end_ms:
         hi = min(lo + step, end_ms)
-        host = store.read(schema.ROLLUP_HOST, job, lo, hi - 1)
-        if len(host):
-            written += store.write_measurement(schema.ROLLUP_HOST_WINDOW, window_rollup(host, window_ms)).written
+        points = store.read(source, job, lo, hi - 1)
+        if len(points):
+            written += store.write_measurement(target, window_rollup(points, window_ms)).written
             lo = hi
-        else:   # a gap (the job did not run): on to the window of its next point
-            nxt = store.next_times(schema.ROLLUP_HOST, job, hi - 1, 1)
+        else:
+            nxt = store.next_times(source, job, hi - 1, 1)
             lo = max(hi, nxt[0] // window_ms * window_ms) if nxt else end_ms
     return written

@@ -8,6 +8,8 @@ what the walls draw, one point per iteration:
   the ranks' iteration time: 1,620 series for IL-0477 instead of 12,960;
 - ``rollup_host_5m``: ``rollup_host`` over 5-minute windows (:func:`window_rollup`), what the
   per-node heatmap over hours reads: 10x fewer points again at one iteration per 30 s;
+- ``rollup_host_1h``: those windows over hours, what the same heatmap reads once its columns are
+  an hour or wider (a 6-hour wall, a day, a week): 12x fewer points again;
 - ``rollup_job``: per job the iteration time's median, p99 and max over the ranks, and the
   slowest rank (its node and host);
 - ``incident_host``: one point per incident and culprit host, so an alert rule can label its
@@ -112,39 +114,57 @@ _HOST_KEYS = ("job", "host", "node", "pp")
 
 
 def window_rollup(host: pd.DataFrame, window_ms: int = schema.ROLLUP_WINDOW_MS) -> pd.DataFrame:
-    """``rollup_host_5m`` points from ``rollup_host`` points: one row per window and host.
+    """``rollup_host_5m`` points from ``rollup_host`` points: one row per window and host; and
+    ``rollup_host_1h`` points from ``rollup_host_5m`` points the same way.
 
     Windows are aligned to the epoch (``time // window_ms``), as InfluxQL's ``GROUP BY
     time()`` aligns them, and each point's time is its window's start. Fields: the mean over
     the window's iterations of each mean field (``<stage>``, ``iteration_ms``), the max of
     each ``<field>_max``, the first ``iteration``, how many ``iterations`` and the most
-    ``ranks`` that reported. A window's point depends only on the ``rollup_host`` points in
-    it, so writing it again (a later cycle, a backfill) writes the same point.
+    ``ranks`` that reported. Points that are windows already (they have ``iterations``) count
+    as that many iterations, so an hour of 5-minute windows is the mean over the hour's
+    iterations, not over its windows. A window's point depends only on the points in it, so
+    writing it again (a later cycle, a backfill) writes the same point.
 
     Example::
 
         >>> host = pd.DataFrame({"time": [0, 30_000, 300_000], "job": "j", "host": "h1", "node": 1,
         ...                      "pp": 0, "iteration": [0, 1, 10], "ranks": 8,
         ...                      "mlp": [10.0, 30.0, 12.0], "mlp_max": [11.0, 90.0, 13.0]})
-        >>> window_rollup(host)[["time", "iteration", "iterations", "mlp", "mlp_max"]].to_dict("records")[0]
+        >>> five = window_rollup(host)
+        >>> five[["time", "iteration", "iterations", "mlp", "mlp_max"]].to_dict("records")[0]
         {'time': 0, 'iteration': 0, 'iterations': 2, 'mlp': 20.0, 'mlp_max': 90.0}
+        >>> hour = window_rollup(five, 3_600_000)    # (2 x 20 + 1 x 12) / 3 iterations
+        >>> hour[["time", "iteration", "iterations", "mlp", "mlp_max"]].to_dict("records")[0]
+        {'time': 0, 'iteration': 0, 'iterations': 3, 'mlp': 17.333333333333332, 'mlp_max': 90.0}
     """
     if window_ms <= 0:
         raise ValueError(f"window of {window_ms} ms: must be positive")
     if not len(host):
         return pd.DataFrame()
     keys = [k for k in _HOST_KEYS if k in host.columns]
-    values = [c for c in host.columns if c not in (*keys, "time", schema.ITERATION_FIELD, "ranks")
+    values = [c for c in host.columns if c not in (*keys, "time", schema.ITERATION_FIELD, "ranks", "iterations")
               and pd.api.types.is_numeric_dtype(host[c])]
     maxes = [c for c in values if c.endswith("_max") and c[:-4] in values]
     means = [c for c in values if c not in maxes]
-    frame = host.assign(time=host["time"].to_numpy(np.int64) // window_ms * window_ms)
+    weight = (host["iterations"].to_numpy(np.float64) if "iterations" in host.columns
+              else np.ones(len(host)))
+    mean_values = host[means].to_numpy(np.float64)
+    seen = np.isfinite(mean_values)
+    frame = host[[*keys, schema.ITERATION_FIELD, "ranks", *maxes]].assign(
+        time=host["time"].to_numpy(np.int64) // window_ms * window_ms, iterations=weight,
+        **{f"_w{i}": np.where(seen[:, i], mean_values[:, i] * weight, 0.0) for i in range(len(means))},
+        **{f"_n{i}": np.where(seen[:, i], weight, 0.0) for i in range(len(means))})
     grouped = frame.groupby(["time", *keys], sort=True)
+    sums = grouped[[f"_w{i}" for i in range(len(means))] + [f"_n{i}" for i in range(len(means))]].sum()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weighted = pd.DataFrame({c: np.where(sums[f"_n{i}"] > 0, sums[f"_w{i}"] / sums[f"_n{i}"], np.nan)
+                                 for i, c in enumerate(means)}, index=sums.index)
     out = pd.concat([
         grouped[schema.ITERATION_FIELD].min().astype(np.int64),
-        grouped[schema.ITERATION_FIELD].count().rename("iterations").astype(np.int64),
+        grouped["iterations"].sum().round().astype(np.int64),
         grouped["ranks"].max().astype(np.int64),
-        grouped[means].mean(),
+        weighted,
         grouped[maxes].max(),
     ], axis=1).reset_index()
     return out[["time", *keys, schema.ITERATION_FIELD, "iterations", "ranks", *values]]

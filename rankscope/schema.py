@@ -138,6 +138,10 @@ ROLLUP_JOB = "rollup_job"
 #: wall over hours reads, 10x fewer points than ``rollup_host`` at one iteration per 30 s.
 ROLLUP_HOST_WINDOW = "rollup_host_5m"
 ROLLUP_WINDOW_MS = 300_000
+#: ``rollup_host_5m`` over hours (``ROLLUP_HOUR_MS``): what the per-node heatmap reads once its
+#: columns are an hour or wider (a wall over 6 h, a day, a week), 12x fewer points again.
+ROLLUP_HOST_HOUR = "rollup_host_1h"
+ROLLUP_HOUR_MS = 3_600_000
 INCIDENT_HOST = "incident_host"
 
 #: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
@@ -265,6 +269,15 @@ MEASUREMENTS: dict[str, Measurement] = {
         "rollup_host over 5-minute windows aligned to the epoch: per window and host the mean of "
         "each mean field, the max of each _max field, the first iteration, how many iterations and "
         "the most ranks that reported; time = the window's start",
+    ),
+    ROLLUP_HOST_HOUR: Measurement(
+        ROLLUP_HOST_HOUR, ("job", "host", "node", "pp"),
+        {ITERATION_FIELD: "int", "iterations": "int", "ranks": "int", ITERATION_MS_FIELD: "float",
+         "iteration_ms_max": "float", "<stage>": "float", "<stage>_max": "float"},
+        "rollup_host_5m over hours aligned to the epoch, the same fields: each mean field the mean "
+        "over the hour's iterations (its windows' means weighted by their iterations), each _max "
+        "field the max; rewritten whenever one of its windows is, so the current hour holds the "
+        "windows closed so far; time = the hour's start",
     ),
     ROLLUP_JOB: Measurement(
         ROLLUP_JOB, ("job",),

@@ -158,6 +158,7 @@ def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations:
     times = start_ms + np.arange(iterations, dtype=np.int64) * step_ms
     last_window = None
     pending: pd.DataFrame | None = None   # rollup_host rows of a window not yet complete
+    pending_hour: pd.DataFrame | None = None   # rollup_host_5m rows of an hour not yet complete
     for first in range(0, iterations, CHUNK):
         t0 = time.perf_counter()
         its = np.arange(first, min(first + CHUNK, iterations))
@@ -177,6 +178,15 @@ def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations:
         closed = pending["time"].to_numpy() < cut
         rolled[schema.ROLLUP_HOST_WINDOW] = window_rollup(pending[closed])
         pending = pending[~closed]
+        # and the hours every window of which is written
+        if len(rolled[schema.ROLLUP_HOST_WINDOW]):
+            pending_hour = pd.concat([pending_hour, rolled[schema.ROLLUP_HOST_WINDOW]]) \
+                if pending_hour is not None else rolled[schema.ROLLUP_HOST_WINDOW]
+        if pending_hour is not None:
+            h = schema.ROLLUP_HOUR_MS
+            closed = pending_hour["time"].to_numpy() < (cut // h * h if cut < np.iinfo(np.int64).max else cut)
+            rolled[schema.ROLLUP_HOST_HOUR] = window_rollup(pending_hour[closed], h)
+            pending_hour = pending_hour[~closed]
         t3 = time.perf_counter()
         for name, frame in rolled.items():
             if len(frame):

@@ -154,8 +154,18 @@ def test_the_analyzer_writes_the_rollups_of_what_it_processed_and_a_rerun_the_sa
     assert len(influx_store.read(schema.INCIDENT_HOST, "tiny")) == 1
 
 
-def _windows(store, job: str) -> pd.DataFrame:
-    return store.read(schema.ROLLUP_HOST_WINDOW, job).sort_values(["time", "node"]).reset_index(drop=True)
+def _windows(store, job: str, measurement: str = schema.ROLLUP_HOST_WINDOW) -> pd.DataFrame:
+    return store.read(measurement, job).sort_values(["time", "node"]).reset_index(drop=True)
+
+
+def _hours(store, job: str) -> pd.DataFrame:
+    return _windows(store, job, schema.ROLLUP_HOST_HOUR)
+
+
+def _hour_of(host: pd.DataFrame) -> pd.DataFrame:
+    """What an hour of ``host`` points is: every mean field over its iterations (the truth the
+    hourly tier, made from 5-minute windows, must reproduce)."""
+    return window_rollup(host, schema.ROLLUP_HOUR_MS)
 
 
 def test_window_rollup_is_the_mean_of_the_hosts_iterations_in_each_window():
@@ -179,6 +189,32 @@ def test_window_rollup_is_the_mean_of_the_hosts_iterations_in_each_window():
         window_rollup(host, 0)
 
 
+def test_an_hour_of_windows_is_the_mean_over_the_hours_iterations_not_over_its_windows():
+    """Windows of unequal length (an hour's first and last are partial, a job stops mid-window):
+    the hour weights each window by its iterations, so it is what the iterations themselves say."""
+    cube = _cube(TINY, t=40)
+    start = START // 3_600_000 * 3_600_000 + 3_600_000 - 7 * 60_000        # 7 minutes before an hour
+    cube.times[:] = start + np.sort(np.r_[np.arange(0, 20) * 60_000, 20 * 60_000 + np.arange(20) * 150_000])
+    host = host_rollup("tiny", Placement.of(TINY), cube)
+    windows = window_rollup(host)
+    assert windows["iterations"].nunique() > 1           # 1, 2, 5 iterations a window
+    hours = window_rollup(windows, schema.ROLLUP_HOUR_MS)
+    want = _hour_of(host)
+    n_hours = len(set(cube.times // 3_600_000))
+    assert n_hours == 3 and len(hours) == n_hours * TINY.nodes
+    assert hours["iterations"].tolist() == want["iterations"].tolist()
+    pd.testing.assert_frame_equal(hours, want, check_exact=False, rtol=1e-12)
+    unweighted = windows[windows["node"] == 1].groupby(windows["time"] // 3_600_000)["mlp"].mean().to_numpy()
+    assert not np.allclose(hours[hours["node"] == 1]["mlp"], unweighted)     # the weighting matters
+    # a window with no finite value of a stage does not drag the hour's mean toward zero
+    gap = windows.copy()
+    gap.loc[gap.index[gap["node"] == 1][0], "mlp"] = np.nan
+    with_gap = window_rollup(gap, schema.ROLLUP_HOUR_MS)
+    n1 = gap[(gap["node"] == 1) & (gap["time"] < start + 7 * 60_000) & gap["mlp"].notna()]
+    assert with_gap.loc[with_gap["node"] == 1, "mlp"].iloc[0] == pytest.approx(
+        np.average(n1["mlp"], weights=n1["iterations"]))
+
+
 def test_the_analyzer_writes_a_window_once_it_closed_by_data_or_by_the_clock(influx_store):
     simulate(_scenario(), influx_store, start_ms=START, progress=False)
     hosts = influx_store.read(schema.ROLLUP_HOST, "tiny")
@@ -194,6 +230,8 @@ def test_the_analyzer_writes_a_window_once_it_closed_by_data_or_by_the_clock(inf
     assert len(closed) >= 2 and len(closed) < len(per_window)
     assert sorted(set(live["time"])) == closed.index.tolist()
     assert (live.groupby("time")["iterations"].first() == closed).all()
+    # the open hour already holds the windows closed so far, no more
+    assert _hours(influx_store, "tiny")["iterations"].sum() == live["iterations"].sum()
     # the job stops writing (it ended, or hangs): the clock closes its last windows
     svc.clock = lambda: (last_ms + 600_000) / 1000
     svc.cycle()
@@ -204,6 +242,12 @@ def test_the_analyzer_writes_a_window_once_it_closed_by_data_or_by_the_clock(inf
                                   check_like=True)
     node1 = hosts[hosts["node"] == 1].groupby("window")["mlp"].mean()
     assert np.allclose(done[done["node"] == 1]["mlp"], node1)
+    # the hours those windows fall in: the mean over every iteration of the hour
+    hours = _hours(influx_store, "tiny")
+    assert hours["iterations"].sum() == 24 * TINY.nodes
+    want = _hour_of(hosts.drop(columns="window")).sort_values(["time", "node"]).reset_index(drop=True)
+    assert hours["time"].tolist() == want["time"].tolist()
+    assert np.allclose(hours["mlp"], want["mlp"]) and np.allclose(hours["mlp_max"], want["mlp_max"])
 
 
 def test_a_restarted_analyzer_writes_the_windows_its_predecessor_left(influx_store):
@@ -231,13 +275,15 @@ def test_rollup_command_backfills_what_the_analyzer_never_saw_idempotently(any_s
     assert main(["rollup", "--since", str(times[0]), *where]) == 0
     first = any_store.read(schema.ROLLUP_HOST, "tiny").sort_values(["time", "node"]).reset_index(drop=True)
     assert main(["rollup", "--since", str(times[0]), "--chunk", "5", *where]) == 0
-    assert "tiny: rolled up 16 iteration(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tiny: rolled up 16 iteration(s)" in out and f" {TINY.nodes} rollup_host_1h" in out
     again = any_store.read(schema.ROLLUP_HOST, "tiny").sort_values(["time", "node"]).reset_index(drop=True)
     assert len(again) == 16 * TINY.nodes
     pd.testing.assert_frame_equal(first, again)
     # every 5-minute window the range touches, from every rollup_host point in it
     windows = _windows(any_store, "tiny")
     assert windows["iterations"].sum() == 16 * TINY.nodes
+    assert _hours(any_store, "tiny")["iterations"].sum() == 16 * TINY.nodes
     pd.testing.assert_frame_equal(windows, window_rollup(again).sort_values(["time", "node"]).reset_index(
         drop=True), check_like=True, check_dtype=False)
     # the same numbers the analyzer's own rollup of the raw points gives
