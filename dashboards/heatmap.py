@@ -3,6 +3,7 @@
 At 12,960 ranks a browser cannot draw one row per rank, so the overview
 draws one row per node (8 ranks each: 1,620 rows) from the 5-minute windows
 of the per-host rollups (``rollup_host_5m``: the mean over the node's ranks),
+or from their hours (``rollup_host_1h``) once its columns are an hour or wider,
 never the 12,960 raw series, and asks for few enough columns that the answer
 stays small over hours; a second panel shows the last 30 minutes from the
 per-iteration ``rollup_host``. Raw points are read only by the drill-down,
@@ -19,6 +20,7 @@ from dashboards.panels import (
     DashboardSpec,
     HeatmapColor,
     Layout,
+    by_interval,
     dashboard_link,
     rows_heatmap,
     source,
@@ -45,16 +47,19 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
     where = "\"job\" = '$job' AND \"pp\" =~ /^$pp$/ AND $timeFilter"
     cols = max(HEATMAP_MAX_CELLS // topology.nodes, 1)
     by_node = rows_heatmap(
-        "$stage by node, all ranks (mean over the node's ranks, 5-minute windows)",
-        f"SELECT mean(\"$stage\") FROM {source(schema.ROLLUP_HOST_WINDOW)} WHERE {where} "
-        f"GROUP BY time($__interval), \"node\" fill(none)",
+        "$stage by node, all ranks (mean over the node's ranks, 5-minute or hourly windows)",
+        by_interval(f"SELECT mean(\"$stage\") FROM {{source}} WHERE {{tier}} AND {where} "
+                    f"GROUP BY time($__interval), \"node\" fill(none)",
+                    [(schema.ROLLUP_HOST_WINDOW, schema.ROLLUP_WINDOW_MS),
+                     (schema.ROLLUP_HOST_HOUR, schema.ROLLUP_HOUR_MS)]),
         lay.place(24, 14), row_tag="node", max_rows=topology.nodes, max_points=cols, min_interval="5m",
         description=f"Rows are nodes ({topology.gpus_per_node} ranks each, {topology.nodes} at most), "
                     f"columns time. A bright row is a slow node; a dark band across many nodes is a "
                     f"collective that finished early because its members arrived late. Read from the "
                     f"5-minute windows of the per-host rollups, written when a window closes (the "
-                    f"newest minutes are in the panel below): a wall over hours reads one point per "
-                    f"node per 5 minutes.")
+                    f"newest minutes are in the panel below), or from their hours once a column is an "
+                    f"hour or wider (query B; A answers narrower columns): a wall over hours reads one "
+                    f"point per node per column or less.")
     lay.newline()
     recent = rows_heatmap(
         "$stage by node, last 30 minutes (mean over the node's ranks)",

@@ -137,11 +137,36 @@ class HeatmapColor:
         return out
 
 
-def rows_heatmap(title: str, query: str, pos: g.GridPos, row_tag: str, max_rows: int,
+def by_interval(query: str, tiers: Sequence[tuple[str, int]]) -> list[str]:
+    """One query per measurement of ``tiers`` (``(measurement, window ms)``, finest first), each
+    of which answers only while the panel's column width ``$__interval_ms`` is at least its
+    window and below the next one's; ``query`` holds ``{source}`` (the FROM) and ``{tier}`` (the
+    condition, a comparison of two numbers once Grafana fills the macro, which InfluxQL folds
+    before it reads anything: the query that does not answer costs its parse).
+
+    So a panel over 6 h, whose columns are an hour wide, reads one point per hour and node, and
+    the same panel over 3 h still draws its 30-minute columns from the 5-minute windows.
+
+    Example::
+
+        >>> by_interval("SELECT * FROM {source} WHERE {tier}", [("a", 300_000), ("b", 3_600_000)])
+        ['SELECT * FROM "long"."a" WHERE $__interval_ms < 3600000', 'SELECT * FROM "long"."b" WHERE $__interval_ms >= 3600000']
+    """
+    out = []
+    for i, (measurement, window_ms) in enumerate(tiers):
+        bounds = ([f"$__interval_ms >= {window_ms}"] if i else []) + \
+                 ([f"$__interval_ms < {tiers[i + 1][1]}"] if i + 1 < len(tiers) else [])
+        out.append(query.format(source=source(measurement), tier=" AND ".join(bounds) or "true"))
+    return out
+
+
+def rows_heatmap(title: str, query: str | Sequence[str], pos: g.GridPos, row_tag: str, max_rows: int,
                  unit: str = "ms", description: str = "", color: HeatmapColor = HeatmapColor(),
                  max_points: int = 240, min_interval: str | None = None,
                  time_from: str | None = None) -> g.Heatmap:
-    """A heatmap whose rows are the series of ``query`` (one per ``row_tag`` value).
+    """A heatmap whose rows are the series of ``query`` (one per ``row_tag`` value); several
+    queries (targets A, B, ...) when each answers a different column width (see
+    :func:`by_interval`) and only one of them returns rows at a time.
 
     ``max_rows`` is how many rows the query can return at most (checked against
     :data:`HEATMAP_MAX_ROWS` here and against the data by the tests). Rows are
@@ -174,7 +199,9 @@ def rows_heatmap(title: str, query: str, pos: g.GridPos, row_tag: str, max_rows:
                         "overrides": []},
         "rankscope": {"rowTag": row_tag, "maxRows": max_rows},
     }
-    return g.Heatmap(title=title, targets=[target(query, "A", alias=f"$tag_{row_tag}")], gridPos=pos,
+    queries = [query] if isinstance(query, str) else list(query)
+    targets = [target(q, chr(ord("A") + i), alias=f"$tag_{row_tag}") for i, q in enumerate(queries)]
+    return g.Heatmap(title=title, targets=targets, gridPos=pos,
                      dataSource=DATASOURCE, description=description, maxDataPoints=max_points,
                      interval=min_interval, timeFrom=time_from, extraJson=extra)
 

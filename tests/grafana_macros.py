@@ -137,6 +137,17 @@ def _strip_strings(q: str) -> str:
     return re.sub(r"'(?:\\.|[^'\\])*'", "''", q)
 
 
+_CONSTANT_COMPARISON = re.compile(r"(?<![\w.])(\d+) (<|>=) (\d+)(?![\w.])")
+
+
+def answers(query: str) -> bool:
+    """False when a filled query holds a comparison of two numbers that is false (a panel target
+    that answers other column widths: ``$__interval_ms < 3600000`` with an hour filled in), so
+    InfluxDB returns nothing by design; True otherwise."""
+    ops = {"<": lambda a, b: a < b, ">=": lambda a, b: a >= b}
+    return all(ops[op](int(a), int(b)) for a, op, b in _CONSTANT_COMPARISON.findall(_strip_strings(query)))
+
+
 # -------------------------------------------------------------- running queries
 @dataclass
 class QueryResult:

@@ -101,14 +101,17 @@ def test_heatmaps_use_the_current_model_with_bounded_numeric_rows():
             assert key in opts, (p["title"], key)
         assert opts["filterValues"]["le"] < 0  # zero-latency cells are drawn, not hidden
         assert p["maxDataPoints"] not in (None, 100)
-        (target,) = p["targets"]
         tag = p["rankscope"]["rowTag"]
-        assert tag in ("rank", "node") and target["alias"] == f"$tag_{tag}"
-        assert re.search(rf'GROUP BY time\(\$__interval\), "{tag}"', target["query"])
         assert p["rankscope"]["maxRows"] <= HEATMAP_MAX_ROWS
-        if tag == "rank" and "stage_latency" in target["query"]:
-            # single ranks only for the chosen dp ranges (EP groups), never the whole job
-            assert '"ep_group" =~ /^$dp$/' in target["query"]
+        # several targets only where each answers other column widths, all drawing the same rows
+        assert len(p["targets"]) == 1 or all("$__interval_ms" in t["query"] for t in p["targets"])
+        assert [t["refId"] for t in p["targets"]] == ["A", "B"][:len(p["targets"])]
+        for target in p["targets"]:
+            assert tag in ("rank", "node") and target["alias"] == f"$tag_{tag}"
+            assert re.search(rf'GROUP BY time\(\$__interval\), "{tag}"', target["query"])
+            if tag == "rank" and "stage_latency" in target["query"]:
+                # single ranks only for the chosen dp ranges (EP groups), never the whole job
+                assert '"ep_group" =~ /^$dp$/' in target["query"]
     node_rows = [p for p in heatmaps if p["rankscope"]["rowTag"] == "node"]
     assert node_rows and all(p["rankscope"]["maxRows"] == IL0477_TOPOLOGY.nodes == 1620 for p in node_rows)
 
@@ -253,8 +256,11 @@ def test_raw_points_are_read_only_by_bounded_drill_downs():
     for where, q in raw:
         assert '"ep_group" =~ /^$dp$/' in q, where
     by_node, recent = [p for p in MODELS["heatmap"]["panels"] if p.get("rankscope", {}).get("rowTag") == "node"]
-    # over hours: the 5-minute windows, never finer than they are; the last 30 minutes: per iteration
-    assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST_WINDOW}"' in by_node["targets"][0]["query"]
+    # over hours: the 5-minute windows, never finer than they are, or their hours once a column is
+    # an hour wide (one target answers, by the column width); the last 30 minutes: per iteration
+    a, b = (t["query"] for t in by_node["targets"])
+    assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST_WINDOW}"' in a and "$__interval_ms < 3600000 AND" in a
+    assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST_HOUR}"' in b and "$__interval_ms >= 3600000 AND" in b
     assert by_node["interval"] == "5m" and not by_node.get("timeFrom")
     assert f'"{LONG_POLICY}"."{schema.ROLLUP_HOST}"' in recent["targets"][0]["query"]
     assert recent["timeFrom"] == "30m"
