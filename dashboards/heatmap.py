@@ -44,11 +44,12 @@ MAX_DP_RANGES = 16
 
 def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
     lay = Layout()
-    where = "\"job\" = '$job' AND \"pp\" =~ /^$pp$/ AND $timeFilter"
+    hosts = "\"job\" = '$job' AND \"pp\" =~ /^$pp$/"
+    where = f"{hosts} AND $timeFilter"
     cols = max(HEATMAP_MAX_CELLS // topology.nodes, 1)
     by_node = rows_heatmap(
         "$stage by node, all ranks (mean over the node's ranks, 5-minute or hourly windows)",
-        by_interval(f"SELECT mean(\"$stage\") FROM {{source}} WHERE {{tier}} AND {where} "
+        by_interval(f"SELECT mean(\"$stage\") FROM {{source}} WHERE {{when}} AND {hosts} "
                     f"GROUP BY time($__interval), \"node\" fill(none)",
                     [(schema.ROLLUP_HOST_WINDOW, schema.ROLLUP_WINDOW_MS),
                      (schema.ROLLUP_HOST_HOUR, schema.ROLLUP_HOUR_MS)]),
@@ -58,8 +59,9 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
                     f"collective that finished early because its members arrived late. Read from the "
                     f"5-minute windows of the per-host rollups, written when a window closes (the "
                     f"newest minutes are in the panel below), or from their hours once a column is an "
-                    f"hour or wider (query B; A answers narrower columns): a wall over hours reads one "
-                    f"point per node per column or less.")
+                    f"hour or wider (query B; A answers narrower columns): a wall over 6 h reads one "
+                    f"point per node per column, a wall over 3 h six. The first column holds the "
+                    f"window or hour the range begins inside whole.")
     lay.newline()
     recent = rows_heatmap(
         "$stage by node, last 30 minutes (mean over the node's ranks)",

@@ -140,23 +140,29 @@ class HeatmapColor:
 def by_interval(query: str, tiers: Sequence[tuple[str, int]]) -> list[str]:
     """One query per measurement of ``tiers`` (``(measurement, window ms)``, finest first), each
     of which answers only while the panel's column width ``$__interval_ms`` is at least its
-    window and below the next one's; ``query`` holds ``{source}`` (the FROM) and ``{tier}`` (the
-    condition, a comparison of two numbers once Grafana fills the macro, which InfluxQL folds
-    before it reads anything: the query that does not answer costs its parse).
+    window and below the next one's. ``query`` holds ``{source}`` (the FROM) and ``{when}``:
+    that condition (a comparison of two numbers once Grafana fills the macro, which InfluxQL
+    folds before it reads anything, so a target that does not answer returns at once) and the
+    tier's time filter. A window's point is at its start, so ``$timeFilter`` would drop the
+    window the range begins inside and leave the first column empty; the filter takes it whole.
 
     So a panel over 6 h, whose columns are an hour wide, reads one point per hour and node, and
-    the same panel over 3 h still draws its 30-minute columns from the 5-minute windows.
+    the same panel over 3 h still draws its 20-minute columns from the 5-minute windows.
 
     Example::
 
-        >>> by_interval("SELECT * FROM {source} WHERE {tier}", [("a", 300_000), ("b", 3_600_000)])
-        ['SELECT * FROM "long"."a" WHERE $__interval_ms < 3600000', 'SELECT * FROM "long"."b" WHERE $__interval_ms >= 3600000']
+        >>> a, b = by_interval("FROM {source} WHERE {when}", [("a", 300_000), ("b", 3_600_000)])
+        >>> a
+        'FROM "long"."a" WHERE $__interval_ms < 3600000 AND time > ${__from}ms - 300000ms AND time <= ${__to}ms'
+        >>> b
+        'FROM "long"."b" WHERE $__interval_ms >= 3600000 AND time > ${__from}ms - 3600000ms AND time <= ${__to}ms'
     """
     out = []
     for i, (measurement, window_ms) in enumerate(tiers):
-        bounds = ([f"$__interval_ms >= {window_ms}"] if i else []) + \
-                 ([f"$__interval_ms < {tiers[i + 1][1]}"] if i + 1 < len(tiers) else [])
-        out.append(query.format(source=source(measurement), tier=" AND ".join(bounds) or "true"))
+        when = ([f"$__interval_ms >= {window_ms}"] if i else []) + \
+               ([f"$__interval_ms < {tiers[i + 1][1]}"] if i + 1 < len(tiers) else []) + \
+               [f"time > ${{__from}}ms - {window_ms}ms AND time <= ${{__to}}ms"]
+        out.append(query.format(source=source(measurement), when=" AND ".join(when)))
     return out
 
 

@@ -127,7 +127,8 @@ def interpolate(query: str, variables: dict[str, Variable], time_range: TimeRang
     out = out.replace("$timeFilter", f"time >= {time_range.start_ms}ms and time <= {time_range.end_ms}ms")
     out = out.replace("$__interval_ms", str(interval_ms))
     out = out.replace("$__interval", interval).replace("$interval", interval)
-    out = out.replace("$__from", str(time_range.start_ms)).replace("$__to", str(time_range.end_ms))
+    for name, ms in (("__from", time_range.start_ms), ("__to", time_range.end_ms)):
+        out = out.replace("${" + name + "}", str(ms)).replace("$" + name, str(ms))
     if re.search(r"\$\w|\$\{|\[\[", _strip_strings(out)):
         raise ValueError(f"unsubstituted macro left in {out}")
     return out

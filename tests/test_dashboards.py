@@ -24,7 +24,7 @@ from dashboards.variables import IL0477_TOPOLOGY
 from rankscope import schema
 from rankscope.cli import main
 from rankscope.config import LONG_POLICY, RAW_MEASUREMENTS, policy_of
-from tests.grafana_macros import TimeRange, panel_interval_ms
+from tests.grafana_macros import TimeRange, answers, panel_interval_ms, round_interval
 
 MODELS = provisioning.dashboard_models()
 FILES = provisioning.render_all()
@@ -86,9 +86,31 @@ def test_queries_are_raw_influxql_with_grafana_macros(name):
         for t in p.get("targets", []):
             q = t["query"]
             assert t["rawQuery"] is True and q.startswith("SELECT "), (p["title"], q)
+            # the dashboard's range: $timeFilter, or a window tier's filter that takes the window the
+            # range begins inside whole (dashboards.panels.by_interval)
+            ranged = "$timeFilter" in q or re.search(r"time > \$\{__from\}ms - \d+ms AND time <= \$\{__to\}ms", q)
             if "GROUP BY time(" in q:
-                assert "GROUP BY time($__interval)" in q and "$timeFilter" in q, q
-            assert "now()" in q or "$timeFilter" in q or "\"id\" = '$incident'" in q, q
+                assert "GROUP BY time($__interval)" in q and ranged, q
+            assert "now()" in q or ranged or "\"id\" = '$incident'" in q, q
+
+
+def test_exactly_one_target_of_a_tiered_panel_answers_every_column_width_grafana_can_pick():
+    """Grafana rounds a panel's interval to a fixed ladder (at least the panel's minimum); for every
+    rung from the minimum up to a year, one target of a panel with several answers, never none
+    and never two (two would draw each row twice)."""
+    tiered = [p for m in MODELS.values() for p in m["panels"]
+              if any("$__interval_ms" in t["query"] for t in p.get("targets", []))]
+    assert tiered
+    ladder = sorted({round_interval(1.02 ** k) for k in range(1300)})      # 1 ms .. ~150 years
+    for p in tiered:
+        floor_ms = panel_interval_ms(TimeRange(0, 1), None, p["interval"])
+        rungs = [ms for ms in ladder if ms >= floor_ms]
+        assert rungs[0] == floor_ms == 300_000 and rungs[-1] == 31_536_000_000
+        for ms in rungs:
+            on = [t["refId"] for t in p["targets"] if answers(t["query"].replace("$__interval_ms", str(ms)))]
+            assert len(on) == 1, (p["title"], ms, on)
+        assert {t["refId"] for ms in rungs for t in p["targets"]
+                if answers(t["query"].replace("$__interval_ms", str(ms)))} == {"A", "B"}
 
 
 def test_heatmaps_use_the_current_model_with_bounded_numeric_rows():

@@ -180,13 +180,20 @@ def test_the_node_heatmaps_from_rollups_draw_what_the_raw_points_say(il0477):
     for q, src in ((q_hours, f'"long"."{schema.ROLLUP_HOST_WINDOW}"'), (q_recent, '"long"."rollup_host"')):
         raw_q = q.replace(src, '"stage_latency"')
         assert raw_q != q
-        fast, slow = (_cells(influx_query(il0477.url, il0477.db, x)) for x in (q, raw_q))
-        # a window's point is at its start: the window the range begins inside is not drawn
-        first = min(t for _, t in slow)
-        assert {k for k in slow.keys() - fast.keys() if k[1] != first} == set(), src
-        assert fast.keys() <= slow.keys() and len(fast) >= TOPOLOGY.nodes, src
-        keys = sorted(fast)
-        assert np.allclose([fast[k] for k in keys], [slow[k] for k in keys], rtol=1e-9), src
+        _same_cells(*(_cells(influx_query(il0477.url, il0477.db, x)) for x in (q, raw_q)))
+    # a range that begins inside a window (a zoom, a drag-select) draws that window whole: its point
+    # is at its start, before the range, where $timeFilter alone would drop it
+    tr = TimeRange(il0477.start_ms + 450_000, il0477.end_ms + 60_000)     # never on a 5-minute edge
+    window = tr.start_ms // schema.ROLLUP_WINDOW_MS * schema.ROLLUP_WINDOW_MS
+    assert il0477.start_ms < window < tr.start_ms
+    ran = _by_panel(_run_dashboard_queries(il0477, model, tr))[str(by_node["id"])]
+    q_zoom, res = _answer(ran)
+    zoom = _cells(res)
+    assert sum(t == window for _, t in zoom) == TOPOLOGY.nodes and min(t for _, t in zoom) == window
+    whole = _cells(influx_query(il0477.url, il0477.db, re.sub(
+        r"time > \d+ms - \d+ms AND time <= \d+ms", f"time >= {window}ms AND time < {window + 300_000}ms",
+        q_zoom.replace(f'"long"."{schema.ROLLUP_HOST_WINDOW}"', '"stage_latency"'))))
+    assert np.allclose([zoom[(n, window)] for n in ("0", "1294")], [whole[(n, window)] for n in ("0", "1294")])
     # a coarser column (a longer range): the mean of the raw points' 5-minute means inside it
     coarse = re.sub(r"time\(\w+\)", "time(20m)", q_hours)
     fine = _cells(influx_query(il0477.url, il0477.db, re.sub(r"time\(\w+\)", "time(5m)", q_hours).replace(
@@ -203,22 +210,38 @@ def test_the_node_heatmaps_from_rollups_draw_what_the_raw_points_say(il0477):
     assert checked >= 3
 
 
-def test_a_wall_over_hours_reads_the_hourly_windows_and_draws_what_the_raw_points_say(il0477):
+def _same_cells(fast: dict, slow: dict) -> None:
+    """The rollup's cells are the raw points' (every node reports all its ranks). The raw query,
+    given the rollup's time filter (which takes the window the range begins inside whole), may
+    also draw the raw points before that window as one more, earliest column; no other differs."""
+    first = min(t for _, t in slow)
+    assert fast.keys() <= slow.keys() and {k for k in slow.keys() - fast.keys() if k[1] != first} == set()
+    keys = sorted(fast)
+    assert len(keys) >= TOPOLOGY.nodes and np.allclose([fast[k] for k in keys], [slow[k] for k in keys], rtol=1e-9)
+
+
+@pytest.mark.parametrize("begins", ["before the data", "inside the data"])
+def test_a_wall_over_hours_reads_the_hourly_windows_and_draws_what_the_raw_points_say(il0477, begins):
     """Over 6 h the overview's columns are an hour wide: target B answers from rollup_host_1h (one
     point per node and hour), A from the 5-minute windows stays silent, and the cells are the
-    raw points' hourly means (every node reports all its ranks)."""
+    raw points' hourly means. A range that begins inside an hour of data draws that hour whole
+    (its point is at the hour's start, before the range: $timeFilter alone would drop it)."""
     model = provisioning.dashboard_models()["heatmap"]
     by_node = next(p for p in model["panels"] if p.get("rankscope", {}).get("rowTag") == "node")
-    ran = _by_panel(_run_dashboard_queries(il0477, model, _wall(il0477)))[str(by_node["id"])]
+    tr = _wall(il0477)
+    if begins == "inside the data":
+        start = il0477.start_ms + 10 * 60_000
+        tr = TimeRange(start, start + 6 * 3_600_000, relative=True)
+    ran = _by_panel(_run_dashboard_queries(il0477, model, tr))[str(by_node["id"])]
     assert [answers(q) for q, _ in ran] == [False, True] and ran[0][1].rows == 0
     q, res = ran[1]
     hourly = f'"long"."{schema.ROLLUP_HOST_HOUR}"'
     assert hourly in q and "GROUP BY time(1h)" in q and len(res.series) == TOPOLOGY.nodes
     fast = _cells(res)
-    slow = _cells(influx_query(il0477.url, il0477.db, q.replace(hourly, '"stage_latency"')))
-    assert fast.keys() == slow.keys() and len(fast) >= TOPOLOGY.nodes
-    keys = sorted(fast)
-    assert np.allclose([fast[k] for k in keys], [slow[k] for k in keys], rtol=1e-9)
+    _same_cells(fast, _cells(influx_query(il0477.url, il0477.db, q.replace(hourly, '"stage_latency"'))))
+    first_hour = tr.start_ms // schema.ROLLUP_HOUR_MS * schema.ROLLUP_HOUR_MS
+    if begins == "inside the data":     # the hour the range begins inside is drawn, for every node
+        assert sum(t == first_hour for _, t in fast) == TOPOLOGY.nodes
     # the culprit's node glows in the hourly cells too
     last = max(t for _, t in fast)
     late = {node: v for (node, t), v in fast.items() if t == last}
