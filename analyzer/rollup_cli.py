@@ -17,6 +17,7 @@ import sys
 import time
 
 from analyzer.rollup_writer import backfill
+from rankscope import schema
 from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store
 from rankscope.times import format_time, parse_time
@@ -28,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "rollup", help="write the rollups the dashboards read for iterations stored before the analyzer ran",
         description="Read stage_latency from --since (to --until) and write rollup_host and rollup_job, "
                     "the per-host and per-job points the NOC walls, the L1 panels and the alert rules "
-                    "read, and rollup_host_5m / rollup_host_1h for every 5-minute window and hour the "
-                    "range touches. The "
+                    "read, rollup_host_5m for every 5-minute window the range touches, and rollup_host_1h "
+                    "for every hour of stored windows in the range (after an upgrade: --since 400d "
+                    "writes the hours of all the history the windows keep). The "
                     "analyzer writes them for every iteration it processes; this fills the iterations "
                     "it never saw. Idempotent: running it again writes the same points.")
     add_store_options(p)
@@ -58,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         for job in jobs:
             rep = backfill(store, job, since, until, args.chunk, progress=True)
+            hours = (rep.points or {}).get(schema.ROLLUP_HOST_HOUR, 0)
             if not rep.iterations:
-                print(f"{job}: no iteration in the range")
+                print(f"{job}: no iteration in the range"
+                      + (f"; {hours} {schema.ROLLUP_HOST_HOUR} point(s) from the stored 5-minute windows"
+                         if hours else ""))
                 continue
             points = ", ".join(f"{n} {name}" for name, n in sorted((rep.points or {}).items()))
             span = f"{format_time(rep.first_ms)} .. {format_time(rep.last_ms)}"

@@ -8,13 +8,16 @@ The analyzer's cycle rolls up the iterations it processes in memory; two things 
   ``rollup_host_1h`` points of the hours they fall in, read back from ``rollup_host_5m``;
 - :func:`backfill`: ``rollup_host`` / ``rollup_job`` for iterations no analyzer saw (an
   imported trace, a replayed scenario, a long outage), read from ``stage_latency`` a chunk of
-  iterations at a time, then their windows.
+  iterations at a time, then their windows; and the hours of every window stored in the range,
+  so the hours of history written before ``rollup_host_1h`` existed (an upgrade) are there too:
+  its raw points are gone after 7 days, its windows are kept as long as the hours.
 
 Points are keyed by time and tags, so writing a range again writes the same points.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,42 +94,67 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
                 break
     if report.iterations:
         # every window the range touches, its edges included: the window's other points count
-        report.points.update(write_windows(store, job, *window_span(report.first_ms, report.last_ms)))
+        report.points.update(write_windows(store, job, *window_span(report.first_ms, report.last_ms),
+                                           hours=False))
+    # the hours of every window stored in the range, whether its raw points are still there or not
+    newest = store.latest_times(schema.ROLLUP_HOST_WINDOW, job, 1)
+    if newest:
+        end = newest[0] + schema.ROLLUP_WINDOW_MS      # the newest window's end
+        end = end if until_ms is None else min(end, until_ms + 1)
+        if end > since_ms:
+            report.points[schema.ROLLUP_HOST_HOUR] = write_hours(store, job, since_ms, end, progress)
     return report
 
 
 def write_windows(store: Store, job: str, start_ms: int, end_ms: int,
-                  window_ms: int = schema.ROLLUP_WINDOW_MS) -> dict[str, int]:
+                  window_ms: int = schema.ROLLUP_WINDOW_MS, hours: bool = True) -> dict[str, int]:
     """Write the ``rollup_host_5m`` points of the windows in ``[start_ms, end_ms)`` (window
     aligned) from the ``rollup_host`` points the store holds for them, so the points written
     before a restart or by a backfill count; then the ``rollup_host_1h`` points of every hour
     those windows fall in, from the windows the store holds for it (an hour still open holds
-    the windows closed so far, and is written again with each). Returns the points written per
-    measurement."""
+    the windows closed so far, and is written again with each; ``hours=False``: not the hours).
+    Returns the points written per measurement."""
     if end_ms <= start_ms:
         return {}
     written = {schema.ROLLUP_HOST_WINDOW: _write_tier(store, job, schema.ROLLUP_HOST, schema.ROLLUP_HOST_WINDOW,
                                                       start_ms, end_ms, window_ms, WINDOWS_PER_READ)}
-    hour = schema.ROLLUP_HOUR_MS
-    written[schema.ROLLUP_HOST_HOUR] = _write_tier(store, job, schema.ROLLUP_HOST_WINDOW, schema.ROLLUP_HOST_HOUR,
-                                                   *window_span(start_ms, end_ms - 1, hour), hour, HOURS_PER_READ)
+    if hours:
+        written[schema.ROLLUP_HOST_HOUR] = write_hours(store, job, start_ms, end_ms)
     return written
 
 
+def write_hours(store: Store, job: str, start_ms: int, end_ms: int, progress: bool = False) -> int:
+    """Write the ``rollup_host_1h`` points of every hour that holds a time in ``[start_ms,
+    end_ms)`` from the ``rollup_host_5m`` points the store holds for it; with ``progress``, a
+    bar of the hours done on a terminal. Returns how many points were written."""
+    if end_ms <= start_ms:
+        return 0
+    hour = schema.ROLLUP_HOUR_MS
+    lo, hi = window_span(start_ms, end_ms - 1, hour)
+    with tqdm(total=(hi - lo) // hour, desc=f"hours {job}", unit="h", disable=None if progress else True,
+              leave=False, dynamic_ncols=True) as bar:
+        return _write_tier(store, job, schema.ROLLUP_HOST_WINDOW, schema.ROLLUP_HOST_HOUR, lo, hi, hour,
+                           HOURS_PER_READ, done=lambda ms: bar.update(ms // hour))
+
+
 def _write_tier(store: Store, job: str, source: str, target: str, start_ms: int, end_ms: int,
-                window_ms: int, per_read: int) -> int:
+                window_ms: int, per_read: int, done: Callable[[int], object] | None = None) -> int:
     """Write ``target``'s windows in ``[start_ms, end_ms)`` from ``source``'s points, ``per_read``
-    windows per read; a gap (the job did not run) skips to the window of the next point."""
+    windows per read; a gap (the job did not run) skips to the window of the next point.
+    ``done`` hears how many ms of the range each step covered."""
     written = 0
     step = window_ms * per_read
     lo = start_ms
     while lo < end_ms:
         hi = min(lo + step, end_ms)
         points = store.read(source, job, lo, hi - 1)
+        before = lo
         if len(points):
             written += store.write_measurement(target, window_rollup(points, window_ms)).written
             lo = hi
         else:
             nxt = store.next_times(source, job, hi - 1, 1)
             lo = max(hi, nxt[0] // window_ms * window_ms) if nxt else end_ms
+        if done is not None:
+            done(min(lo, end_ms) - before)
     return written

@@ -123,7 +123,8 @@ def window_rollup(host: pd.DataFrame, window_ms: int = schema.ROLLUP_WINDOW_MS) 
     each ``<field>_max``, the first ``iteration``, how many ``iterations`` and the most
     ``ranks`` that reported. Points that are windows already (they have ``iterations``) count
     as that many iterations, so an hour of 5-minute windows is the mean over the hour's
-    iterations, not over its windows. A window's point depends only on the points in it, so
+    iterations, not over its windows (exactly so while every iteration of a window has the field;
+    a stage missing from some of a window's iterations is weighted as if it were in all). A window's point depends only on the points in it, so
     writing it again (a later cycle, a backfill) writes the same point.
 
     Example::
@@ -147,7 +148,7 @@ def window_rollup(host: pd.DataFrame, window_ms: int = schema.ROLLUP_WINDOW_MS) 
               and pd.api.types.is_numeric_dtype(host[c])]
     maxes = [c for c in values if c.endswith("_max") and c[:-4] in values]
     means = [c for c in values if c not in maxes]
-    weight = (host["iterations"].to_numpy(np.float64) if "iterations" in host.columns
+    weight = (np.nan_to_num(host["iterations"].to_numpy(np.float64), nan=0.0) if "iterations" in host.columns
               else np.ones(len(host)))
     mean_values = host[means].to_numpy(np.float64)
     seen = np.isfinite(mean_values)

@@ -264,6 +264,27 @@ def test_a_restarted_analyzer_writes_the_windows_its_predecessor_left(influx_sto
     pd.testing.assert_frame_equal(_windows(influx_store, "tiny"), whole, check_like=True)
 
 
+def test_rollup_command_writes_the_hours_of_windows_whose_raw_points_are_gone(influx_store, capsys):
+    """An upgrade: the analyzer wrote rollup_host and its 5-minute windows before hours existed,
+    and the raw points of the older half have expired (the raw policy keeps 7 days, the windows
+    400). ``rankscope rollup --since`` writes the hours of every stored window in its range."""
+    simulate(_scenario(iterations=16), influx_store, start_ms=START, progress=False)
+    times = sorted(influx_store.latest_times(schema.STAGE_LATENCY, "tiny", 100))
+    AnalyzerService(influx_store, clock=lambda: (times[-1] + 600_000) / 1000).cycle()
+    want = _hours(influx_store, "tiny")
+    assert want["iterations"].sum() == 16 * TINY.nodes
+    influx_store.execute(f'DROP MEASUREMENT "{schema.ROLLUP_HOST_HOUR}"')
+    influx_store.execute(f'DELETE FROM "{schema.STAGE_LATENCY}" WHERE time <= {times[7]}ms')
+    assert influx_store.read(schema.ROLLUP_HOST_HOUR, "tiny").empty
+    where = ["--store", influx_store.url, "--bucket", influx_store.bucket]
+    assert main(["rollup", "--since", str(times[0]), "--until", str(times[5]), *where]) == 0
+    out = capsys.readouterr().out
+    assert f"tiny: no iteration in the range; {TINY.nodes} rollup_host_1h point(s) from the stored" in out
+    assert main(["rollup", "--since", str(times[0]), *where]) == 0
+    assert "tiny: rolled up 8 iteration(s)" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(_hours(influx_store, "tiny"), want, check_like=True)
+
+
 def test_rollup_command_backfills_what_the_analyzer_never_saw_idempotently(any_store, capsys, tmp_path):
     sc = _scenario(iterations=16)
     simulate(sc, any_store, start_ms=START, progress=False)
