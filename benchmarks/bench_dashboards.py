@@ -194,7 +194,10 @@ def run(ctx) -> str:
             pqs = dashboard_queries(models[name], variables, tr, min_interval)
             for pq in pqs:
                 label = f"{name}: {pq.title}"
-                if sum(p.title == pq.title for p in pqs) > 1:     # a panel of several targets
+                same = [p.where.split(" ")[1] for p in pqs if p.title == pq.title]
+                if len(set(same)) > 1:          # two panels of one title (a stat and a table)
+                    label += f" (panel {pq.where.split(' ')[1]})"
+                elif len(same) > 1:             # a panel of several targets
                     label += f" ({pq.where.rsplit(' ', 1)[-1]})"
                 queries[label] = pq.query
                 if name == "noc" or ROLLUP in pq.query:
