@@ -212,6 +212,11 @@ class Measurement:
     description: str = ""
 
 
+#: Tags of the per-host rollups; fields of their windows (``rollup_host_5m``, ``rollup_host_1h``).
+_HOST_TAGS = ("job", "host", "node", "pp")
+_WINDOW_FIELDS = {ITERATION_FIELD: "int", "iterations": "int", "ranks": "int", ITERATION_MS_FIELD: "float",
+                  "iteration_ms_max": "float", "<stage>": "float", "<stage>_max": "float"}
+
 MEASUREMENTS: dict[str, Measurement] = {
     STAGE_LATENCY: Measurement(
         STAGE_LATENCY, RANK_TAGS,
@@ -256,24 +261,20 @@ MEASUREMENTS: dict[str, Measurement] = {
         "impact fields: what the incident costs the job (see rankscope.incident.Impact)",
     ),
     ROLLUP_HOST: Measurement(
-        ROLLUP_HOST, ("job", "host", "node", "pp"),
+        ROLLUP_HOST, _HOST_TAGS,
         {ITERATION_FIELD: "int", "ranks": "int", ITERATION_MS_FIELD: "float", "iteration_ms_max": "float",
          "<stage>": "float", "<stage>_max": "float"},
         "per iteration and host (node id, pp stage): each stage's mean (<stage>) and max (<stage>_max) "
         "over the host's ranks (ms), their iteration time, how many reported; time = the iteration's",
     ),
     ROLLUP_HOST_WINDOW: Measurement(
-        ROLLUP_HOST_WINDOW, ("job", "host", "node", "pp"),
-        {ITERATION_FIELD: "int", "iterations": "int", "ranks": "int", ITERATION_MS_FIELD: "float",
-         "iteration_ms_max": "float", "<stage>": "float", "<stage>_max": "float"},
+        ROLLUP_HOST_WINDOW, _HOST_TAGS, _WINDOW_FIELDS,
         "rollup_host over 5-minute windows aligned to the epoch: per window and host the mean of "
         "each mean field, the max of each _max field, the first iteration, how many iterations and "
         "the most ranks that reported; time = the window's start",
     ),
     ROLLUP_HOST_HOUR: Measurement(
-        ROLLUP_HOST_HOUR, ("job", "host", "node", "pp"),
-        {ITERATION_FIELD: "int", "iterations": "int", "ranks": "int", ITERATION_MS_FIELD: "float",
-         "iteration_ms_max": "float", "<stage>": "float", "<stage>_max": "float"},
+        ROLLUP_HOST_HOUR, _HOST_TAGS, _WINDOW_FIELDS,
         "rollup_host_5m over hours aligned to the epoch, the same fields: each mean field the mean "
         "over the hour's iterations (its windows' means weighted by their iterations), each _max "
         "field the max; rewritten whenever one of its windows is, so the current hour holds the "
