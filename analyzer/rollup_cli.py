@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from analyzer.rollup_writer import backfill
+from analyzer.rollup_writer import backfill, write_hours_since
 from rankscope import schema
 from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the per-host and per-job points the NOC walls, the L1 panels and the alert rules "
                     "read, rollup_host_5m for every 5-minute window the range touches, and rollup_host_1h "
                     "for every hour of stored windows in the range (after an upgrade: --since 400d "
-                    "writes the hours of all the history the windows keep). The "
+                    "writes the hours of all the history the windows keep; --hours-only does only that). The "
                     "analyzer writes them for every iteration it processes; this fills the iterations "
                     "it never saw. Idempotent: running it again writes the same points.")
     add_store_options(p)
@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--until", metavar="TIME", help="last iteration time (default: the newest)")
     p.add_argument("--job", action="append", help="only this job (repeatable; default: every job)")
     p.add_argument("--chunk", type=int, default=20, metavar="N", help="iterations read at once (default 20)")
+    p.add_argument("--hours-only", action="store_true",
+                   help="only rollup_host_1h, from the stored 5-minute windows: the upgrade step for "
+                        "history written before hourly rollups existed (--since 400d), without "
+                        "rolling up the raw points again")
     p.set_defaults(func=run)
 
 
@@ -53,12 +57,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--until {args.until} ({format_time(until)}) is before --since {args.since} "
                          f"({format_time(since)})")
     with open_store(args.store, args.bucket, create=False) as store:
-        require_jobs(store, args.job)
-        jobs = args.job or store.jobs()
+        # jobs with raw points, and jobs whose raw points expired but whose windows are kept
+        known = sorted(set(store.jobs()) | set(store.tag_values(schema.ROLLUP_HOST_WINDOW, "job")))
+        require_jobs(store, args.job, known)
+        jobs = args.job or known
         if not jobs:
-            print(f"no stage_latency data in {store!r}", file=sys.stderr)
+            print(f"no stage_latency or {schema.ROLLUP_HOST_WINDOW} data in {store!r}", file=sys.stderr)
             return 0
         for job in jobs:
+            if args.hours_only:
+                n = write_hours_since(store, job, since, until, progress=True)
+                print(f"{job}: {n} {schema.ROLLUP_HOST_HOUR} point(s) from the stored 5-minute windows")
+                continue
             rep = backfill(store, job, since, until, args.chunk, progress=True)
             hours = (rep.points or {}).get(schema.ROLLUP_HOST_HOUR, 0)
             if not rep.iterations:

@@ -97,13 +97,20 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
         report.points.update(write_windows(store, job, *window_span(report.first_ms, report.last_ms),
                                            hours=False))
     # the hours of every window stored in the range, whether its raw points are still there or not
-    newest = store.latest_times(schema.ROLLUP_HOST_WINDOW, job, 1)
-    if newest:
-        end = newest[0] + schema.ROLLUP_WINDOW_MS      # the newest window's end
-        end = end if until_ms is None else min(end, until_ms + 1)
-        if end > since_ms:
-            report.points[schema.ROLLUP_HOST_HOUR] = write_hours(store, job, since_ms, end, progress)
+    report.points[schema.ROLLUP_HOST_HOUR] = write_hours_since(store, job, since_ms, until_ms, progress)
     return report
+
+
+def write_hours_since(store: Store, job: str, since_ms: int, until_ms: int | None = None,
+                      progress: bool = False) -> int:
+    """The ``rollup_host_1h`` points of every hour holding a stored ``rollup_host_5m`` window
+    with a time in ``[since_ms, until_ms]`` (to the newest window when ``until_ms`` is None)."""
+    newest = store.latest_times(schema.ROLLUP_HOST_WINDOW, job, 1)
+    if not newest:
+        return 0
+    end = newest[0] + schema.ROLLUP_WINDOW_MS      # the newest window's end
+    end = end if until_ms is None else min(end, until_ms + 1)
+    return write_hours(store, job, since_ms, end, progress) if end > since_ms else 0
 
 
 def write_windows(store: Store, job: str, start_ms: int, end_ms: int,

@@ -41,12 +41,13 @@ def add_store_options(parser: argparse.ArgumentParser, default_store: str = DEFA
              f"(env RANKSCOPE_BUCKET; default {DEFAULT_BUCKET})")
 
 
-def require_jobs(store: Store, jobs: Iterable[str] | None) -> None:
-    """Refuse job names the store has no ``stage_latency`` for, listing the ones it has (a typo
-    should not read as "nothing happened")."""
+def require_jobs(store: Store, jobs: Iterable[str] | None, known: list[str] | None = None) -> None:
+    """Refuse job names the store has no ``stage_latency`` for (or none of ``known``, when the
+    command reads other points), listing the ones it has (a typo should not read as "nothing
+    happened")."""
     if not jobs:
         return
-    known = store.jobs()
+    known = store.jobs() if known is None else known
     missing = [j for j in jobs if j not in known]
     if missing:
         raise ValueError(f"no job {', '.join(map(repr, missing))} in {store!r}; jobs there: "

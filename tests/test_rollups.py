@@ -266,22 +266,35 @@ def test_a_restarted_analyzer_writes_the_windows_its_predecessor_left(influx_sto
 
 def test_rollup_command_writes_the_hours_of_windows_whose_raw_points_are_gone(influx_store, capsys):
     """An upgrade: the analyzer wrote rollup_host and its 5-minute windows before hours existed,
-    and the raw points of the older half have expired (the raw policy keeps 7 days, the windows
-    400). ``rankscope rollup --since`` writes the hours of every stored window in its range."""
-    simulate(_scenario(iterations=16), influx_store, start_ms=START, progress=False)
+    and the job's raw points have expired (the raw policy keeps 7 days, the windows 400).
+    ``rankscope rollup --hours-only`` writes the hours of the stored windows in its range, and
+    finds the job by its windows."""
+    hour = schema.ROLLUP_HOUR_MS
+    start = (START // hour + 1) * hour - 240_000          # 4 minutes before an hour: two hours
+    simulate(_scenario(iterations=16), influx_store, start_ms=start, progress=False)
     times = sorted(influx_store.latest_times(schema.STAGE_LATENCY, "tiny", 100))
     AnalyzerService(influx_store, clock=lambda: (times[-1] + 600_000) / 1000).cycle()
     want = _hours(influx_store, "tiny")
-    assert want["iterations"].sum() == 16 * TINY.nodes
+    assert want["iterations"].sum() == 16 * TINY.nodes and want["time"].nunique() == 2
     influx_store.execute(f'DROP MEASUREMENT "{schema.ROLLUP_HOST_HOUR}"')
-    influx_store.execute(f'DELETE FROM "{schema.STAGE_LATENCY}" WHERE time <= {times[7]}ms')
-    assert influx_store.read(schema.ROLLUP_HOST_HOUR, "tiny").empty
+    influx_store.execute(f'DROP MEASUREMENT "{schema.STAGE_LATENCY}"')
+    assert "tiny" not in influx_store.jobs()
     where = ["--store", influx_store.url, "--bucket", influx_store.bucket]
-    assert main(["rollup", "--since", str(times[0]), "--until", str(times[5]), *where]) == 0
-    out = capsys.readouterr().out
-    assert f"tiny: no iteration in the range; {TINY.nodes} rollup_host_1h point(s) from the stored" in out
+    first_hour_end = (times[0] // hour + 1) * hour
+    assert main(["rollup", "--hours-only", "--since", str(times[0]), "--until", str(first_hour_end - 1),
+                 "--job", "tiny", *where]) == 0
+    assert capsys.readouterr().out == f"tiny: {TINY.nodes} rollup_host_1h point(s) from the stored 5-minute windows\n"
+    first = _hours(influx_store, "tiny")
+    pd.testing.assert_frame_equal(first, want[want["time"] < first_hour_end].reset_index(drop=True),
+                                  check_like=True)
+    # a range after the newest window writes nothing
+    assert main(["rollup", "--since", str(times[-1] + 3_600_000), *where]) == 0
+    assert capsys.readouterr().out == "tiny: no iteration in the range\n"
+    assert len(_hours(influx_store, "tiny")) == TINY.nodes
+    # the whole range, without --hours-only: no raw point to roll up, the hours still written
     assert main(["rollup", "--since", str(times[0]), *where]) == 0
-    assert "tiny: rolled up 8 iteration(s)" in capsys.readouterr().out
+    assert (f"tiny: no iteration in the range; {2 * TINY.nodes} rollup_host_1h point(s) from the stored"
+            in capsys.readouterr().out)
     pd.testing.assert_frame_equal(_hours(influx_store, "tiny"), want, check_like=True)
 
 

@@ -430,7 +430,8 @@ class InfluxStore(Store):
 
     def tag_values(self, measurement: str, key: str) -> list[str]:
         try:
-            df = self.query_raw(f"SHOW TAG VALUES FROM {quote_ident(measurement)} WITH KEY = {quote_ident(key)}")
+            # through the measurement's policy: on 2.x/3.x a policy is a bucket of its own
+            df = self.query_raw(f"SHOW TAG VALUES FROM {self.source(measurement)} WITH KEY = {quote_ident(key)}")
         except StoreError as exc:
             if "database not found" in str(exc):
                 return []
