@@ -60,7 +60,7 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
                     f"5-minute windows of the per-host rollups, written when a window closes (the "
                     f"newest minutes are in the panel below), or from their hours once a column is an "
                     f"hour or wider (query B; A answers narrower columns): a wall over 6 h reads one "
-                    f"point per node per column, a wall over 3 h six. The first column holds the "
+                    f"point per node per column, a wall over 3 h four (20-minute columns). The first column holds the "
                     f"window or hour the range begins inside whole.")
     lay.newline()
     recent = rows_heatmap(

@@ -180,7 +180,9 @@ def test_the_node_heatmaps_from_rollups_draw_what_the_raw_points_say(il0477):
     for q, src in ((q_hours, f'"long"."{schema.ROLLUP_HOST_WINDOW}"'), (q_recent, '"long"."rollup_host"')):
         raw_q = q.replace(src, '"stage_latency"')
         assert raw_q != q
-        _same_cells(*(_cells(influx_query(il0477.url, il0477.db, x)) for x in (q, raw_q)))
+        window = schema.ROLLUP_WINDOW_MS if src != '"long"."rollup_host"' else None
+        _same_cells(*(_cells(influx_query(il0477.url, il0477.db, x)) for x in (q, raw_q)), window,
+                    _dashboard_time_range(il0477).start_ms)
     # a range that begins inside a window (a zoom, a drag-select) draws that window whole: its point
     # is at its start, before the range, where $timeFilter alone would drop it
     tr = TimeRange(il0477.start_ms + 450_000, il0477.end_ms + 60_000)     # never on a 5-minute edge
@@ -210,12 +212,14 @@ def test_the_node_heatmaps_from_rollups_draw_what_the_raw_points_say(il0477):
     assert checked >= 3
 
 
-def _same_cells(fast: dict, slow: dict) -> None:
+def _same_cells(fast: dict, slow: dict, window_ms: int | None = None, start_ms: int | None = None) -> None:
     """The rollup's cells are the raw points' (every node reports all its ranks). The raw query,
-    given the rollup's time filter (which takes the window the range begins inside whole), may
-    also draw the raw points before that window as one more, earliest column; no other differs."""
-    first = min(t for _, t in slow)
-    assert fast.keys() <= slow.keys() and {k for k in slow.keys() - fast.keys() if k[1] != first} == set()
+    given a window tier's time filter (which takes the window the range begins inside whole), may
+    also draw the raw points before that window (``start_ms`` aligned to ``window_ms``) as one
+    more, earlier column; no other differs."""
+    edge = start_ms // window_ms * window_ms if window_ms and start_ms is not None else None
+    extra = slow.keys() - fast.keys()
+    assert fast.keys() <= slow.keys() and all(edge is not None and t < edge for _, t in extra), sorted(extra)[:3]
     keys = sorted(fast)
     assert len(keys) >= TOPOLOGY.nodes and np.allclose([fast[k] for k in keys], [slow[k] for k in keys], rtol=1e-9)
 
@@ -230,15 +234,17 @@ def test_a_wall_over_hours_reads_the_hourly_windows_and_draws_what_the_raw_point
     by_node = next(p for p in model["panels"] if p.get("rankscope", {}).get("rowTag") == "node")
     tr = _wall(il0477)
     if begins == "inside the data":
-        start = il0477.start_ms + 10 * 60_000
+        start = il0477.start_ms + 10 * 60_000 + 30_000        # never on an hour's edge
         tr = TimeRange(start, start + 6 * 3_600_000, relative=True)
+        assert start % schema.ROLLUP_HOUR_MS
     ran = _by_panel(_run_dashboard_queries(il0477, model, tr))[str(by_node["id"])]
     assert [answers(q) for q, _ in ran] == [False, True] and ran[0][1].rows == 0
     q, res = ran[1]
     hourly = f'"long"."{schema.ROLLUP_HOST_HOUR}"'
     assert hourly in q and "GROUP BY time(1h)" in q and len(res.series) == TOPOLOGY.nodes
     fast = _cells(res)
-    _same_cells(fast, _cells(influx_query(il0477.url, il0477.db, q.replace(hourly, '"stage_latency"'))))
+    _same_cells(fast, _cells(influx_query(il0477.url, il0477.db, q.replace(hourly, '"stage_latency"'))),
+                schema.ROLLUP_HOUR_MS, tr.start_ms)
     first_hour = tr.start_ms // schema.ROLLUP_HOUR_MS * schema.ROLLUP_HOUR_MS
     if begins == "inside the data":     # the hour the range begins inside is drawn, for every node
         assert sum(t == first_hour for _, t in fast) == TOPOLOGY.nodes
