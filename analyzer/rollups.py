@@ -123,9 +123,10 @@ def window_rollup(host: pd.DataFrame, window_ms: int = schema.ROLLUP_WINDOW_MS) 
     each ``<field>_max``, the first ``iteration``, how many ``iterations`` and the most
     ``ranks`` that reported. Points that are windows already (they have ``iterations``) count
     as that many iterations, so an hour of 5-minute windows is the mean over the hour's
-    iterations, not over its windows (exactly so while every iteration of a window has the field;
-    a stage missing from some of a window's iterations is weighted as if it were in all). A window's point depends only on the points in it, so
-    writing it again (a later cycle, a backfill) writes the same point.
+    iterations, not over its windows (exactly so while every iteration of a window has the
+    field; a stage missing from some of a window's iterations is weighted as if it were in
+    all). A window's point depends only on the points in it, so writing it again (a later
+    cycle, a backfill) writes the same point.
 
     Example::
 
