@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.torch
 
-.PHONY: demo test bench bench-accuracy lint influxdb chromium clean torch-demo
+.PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager clean torch-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,10 +41,15 @@ influxdb:
 chromium:
 	$(call apt_install,chromium chromium-browser,chromium)
 
+# The events tests run a real Alertmanager posting to the receiver (Debian's
+# `prometheus-alertmanager`, v0.25, which installs /usr/bin/prometheus-alertmanager).
+alertmanager:
+	$(call apt_install,prometheus-alertmanager alertmanager,prometheus-alertmanager)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(TORCH) influxdb chromium lint
+test: $(STAMP) $(TORCH) influxdb chromium alertmanager lint
 	$(VENV)/bin/rankscope dashboards check
 	$(PY) -m pytest -q
 

@@ -1,6 +1,6 @@
 """The Makefile's package-install recipes, run against a stub apt-get.
 
-A fresh machine lacks influxd and chromium; `make test` installs them with apt-get, as root
+A fresh machine lacks influxd, chromium and Alertmanager; `make test` installs them with apt-get, as root
 (CI) or through sudo. These tests run the real recipes with a PATH on which neither program
 exists and `apt-get`/`sudo`/`id` are stubs that record how they were called, so a recipe that
 only works where the packages are already installed fails here, not on a newcomer's machine.
@@ -47,7 +47,10 @@ def _make(target: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize(("target", "package"), [("influxdb", "influxdb"), ("chromium", "chromium")])
+@pytest.mark.parametrize(("target", "package"), [
+    ("influxdb", "influxdb"), ("chromium", "chromium"),
+    ("alertmanager", "prometheus-alertmanager"),
+])
 def test_installs_as_root_without_sudo(tmp_path: Path, target: str, package: str) -> None:
     env, log = _stub_path(tmp_path, uid=0)
     result = _make(target, env)
@@ -85,3 +88,31 @@ def test_present_program_installs_nothing(tmp_path: Path) -> None:
     result = _make("chromium", env)
     assert result.returncode == 0, result.stderr
     assert not log.exists()
+
+
+@pytest.mark.parametrize("program", ["prometheus-alertmanager", "alertmanager"])
+def test_alertmanager_under_either_name_installs_nothing(tmp_path: Path, program: str) -> None:
+    """Debian's package installs prometheus-alertmanager; upstream's tarball alertmanager."""
+    env, log = _stub_path(tmp_path, uid=0)
+    fake = Path(env["PATH"]) / program
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    result = _make("alertmanager", env)
+    assert result.returncode == 0, result.stderr
+    assert not log.exists()
+
+
+def test_failed_alertmanager_install_names_the_package(tmp_path: Path) -> None:
+    env, _ = _stub_path(tmp_path, uid=0, apt_fails=True)
+    result = _make("alertmanager", env)
+    assert result.returncode != 0
+    assert "could not install prometheus-alertmanager" in result.stderr
+
+
+def test_make_test_installs_alertmanager() -> None:
+    """`make test` runs the real Alertmanager end to end, so it depends on the install target."""
+    assert MAKE is not None
+    result = subprocess.run([MAKE, "-n", "-C", str(ROOT), "--print-data-base", "--question", "test"],
+                            capture_output=True, text=True, timeout=60)
+    [deps] = [line for line in result.stdout.splitlines() if line.startswith("test: ")]
+    assert "alertmanager" in deps.split()

@@ -1,0 +1,166 @@
+"""A real Alertmanager in the loop: alerts posted to its API as Prometheus posts them reach
+``rankscope events serve`` as Alertmanager's own webhook payload, firing and then resolved,
+and the analyzer judges them against an incident on the real InfluxDB."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from analyzer.cycle import run_once
+from rankscope import schema
+from rankscope.times import format_time
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate
+from tests.alertmanager_server import (
+    DOC_TOKEN_FILE,
+    DOC_URL,
+    AlertmanagerServer,
+    EventsServe,
+    alertmanager_config,
+    find_program,
+    wait_for,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = "alertmanager/rankscope"
+
+
+@pytest.fixture
+def events_serve(influx_url, influx_store, tmp_path):
+    server = EventsServe(influx_url, influx_store.bucket, tmp_path,
+                         env={"RANKSCOPE_INFLUX_API": "v1"}).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def alertmanager(events_serve, tmp_path):
+    root = tmp_path / "alertmanager"
+    root.mkdir()
+    server = AlertmanagerServer(events_serve.url + "/alertmanager", events_serve.token, root).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def prometheus_alert(name: str, host: str, severity: str, summary: str, starts_ms: int,
+                     ends_ms: int) -> dict:
+    """One alert as Prometheus posts it to ``/api/v2/alerts`` (firing: ``endsAt`` a few
+    evaluation intervals ahead, refreshed while it fires; resolved: ``endsAt`` in the past)."""
+    return {
+        "labels": {"alertname": name, "instance": f"{host}:9100", "job": "node",
+                   "severity": severity},
+        "annotations": {"summary": summary},
+        "startsAt": format_time(starts_ms),
+        "endsAt": format_time(ends_ms),
+        "generatorURL": "http://prometheus.example.org:9090/graph?g0.expr=node_network_up+%3D%3D+0",
+    }
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def test_alertmanager_notifications_are_judged_and_resolved(influx_store, events_serve, alertmanager):
+    scenario = load_scenario("compute-slowdown").with_overrides(iterations=35)
+    start_ms = (now_ms() - 3 * 3600_000) // 60_000 * 60_000
+    simulate(scenario, influx_store, start_ms=start_ms, progress=False)
+    [culprit_host] = scenario.topology.hosts_of(scenario.faults[0].ranks)
+    other_host = scenario.topology.host_names([0])[0]
+    assert culprit_host == "gpu-node-00172" and other_host != culprit_host
+    times = sorted(influx_store.latest_times(schema.STAGE_LATENCY, scenario.job, 100))
+    starts_ms = times[25] + 123                  # after the onset (iteration 20), inside the run
+
+    def alerts(ends_ms: int) -> list[dict]:
+        return [
+            prometheus_alert("NodeNetworkDown", culprit_host, "critical", "server port down",
+                             starts_ms, ends_ms),
+            prometheus_alert("NodeNetworkDown", other_host, "critical", "server port down",
+                             starts_ms, ends_ms),
+            prometheus_alert("ScrapeDurationHigh", culprit_host, "warning", "node_exporter is slow",
+                             starts_ms, ends_ms),
+            # not routed to rankscope (the route matches warning|critical)
+            prometheus_alert("NodeNetworkDown", culprit_host, "info", "server port down",
+                             starts_ms + 1000, ends_ms),
+        ]
+
+    def events(status: str, n: int = 3):
+        back = influx_store.read_events()
+        return back if len(back) == n and set(back["status"]) == {status} else None
+
+    def diagnostics() -> str:
+        return (f"receiver log:\n{events_serve.log_text()[-3000:]}\n"
+                f"alertmanager log:\n{alertmanager.log_text()[-3000:]}\n"
+                f"stored: {influx_store.read_events().to_dict('records')}")
+
+    t0 = time.monotonic()
+    alertmanager.post_alerts(alerts(ends_ms=now_ms() + 300_000))   # firing, as Prometheus re-sends it
+    back = wait_for(lambda: events("firing"), 20, "the firing notifications", diagnostics)
+    firing_wait = time.monotonic() - t0
+    assert sorted(back["host"]) == sorted([culprit_host, culprit_host, other_host])
+    assert sorted(back["name"]) == ["NodeNetworkDown", "NodeNetworkDown", "ScrapeDurationHigh"]
+    assert set(back["severity"]) == {"critical", "warning"}        # the info alert never came
+    assert set(back["source"]) == {SOURCE} and set(back["time"]) == {starts_ms}
+    assert set(back["ends_ms"]) == {-1} and "job" not in back.columns   # cluster events
+    assert "server port down" in set(back["text"])
+    # Alertmanager's own payload got through the token check and was logged as one line per group
+    assert re.search(r"alertmanager from 127\.0\.0\.1: 2 alert\(s\), 2 written", events_serve.log_text())
+    assert events_serve.token not in events_serve.log_text()
+
+    [incident] = [i for i in run_once(influx_store, job=scenario.job) if culprit_host in i["hosts"]]
+    assert incident["class"] == "compute_straggler"
+    assert sorted((e["name"], e["host"], e["verdict"], e["status"]) for e in incident["events"]) == [
+        ("NodeNetworkDown", culprit_host, "contradicted", "firing"),
+        ("ScrapeDurationHigh", culprit_host, "unrelated", "firing")]
+    # the other host's alert is stored but not attached: it is no culprit
+    assert other_host not in [e["host"] for e in incident["events"]]
+
+    ended_ms = now_ms() - 1000
+    t1 = time.monotonic()
+    alertmanager.post_alerts(alerts(ends_ms=ended_ms))           # the rule stopped firing
+    back = wait_for(lambda: events("resolved"), 20, "the resolved notifications", diagnostics)
+    resolved_wait = time.monotonic() - t1
+    assert len(back) == 3 and set(back["time"]) == {starts_ms}  # rewritten in place, not added
+    assert set(back["ends_ms"]) == {ended_ms}
+
+    [incident] = [i for i in run_once(influx_store, job=scenario.job) if culprit_host in i["hosts"]]
+    assert sorted((e["name"], e["verdict"], e["status"]) for e in incident["events"]) == [
+        ("NodeNetworkDown", "contradicted", "resolved"), ("ScrapeDurationHigh", "unrelated", "resolved")]
+    # seconds, not Alertmanager's default minutes
+    assert firing_wait < 10 and resolved_wait < 10, (firing_wait, resolved_wait)
+
+
+def test_the_documented_configuration_is_the_one_the_test_runs():
+    text = (ROOT / "docs" / "events.md").read_text()
+    blocks = re.findall(r"<!-- alertmanager-config -->\n```yaml\n(.*?)```", text, re.S)
+    assert blocks == [alertmanager_config(DOC_URL, DOC_TOKEN_FILE)], (
+        "docs/events.md's Alertmanager configuration differs from tests/alertmanager_server.py's "
+        "alertmanager_config(DOC_URL, DOC_TOKEN_FILE): paste its output after <!-- alertmanager-config -->")
+
+
+def test_alertmanager_accepts_the_documented_configuration(tmp_path):
+    """Alertmanager's own checker reads the documented file (with a token file that exists)."""
+    token = tmp_path / "token"
+    token.write_text("x")
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text(alertmanager_config(DOC_URL, str(token)))
+    amtool = Path(find_program()).with_name("amtool")
+    assert amtool.exists(), f"{amtool} missing: Debian's prometheus-alertmanager package ships it"
+    result = subprocess.run([str(amtool), "check-config", str(conf)], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "receivers: 2" in result.stdout.lower() or "SUCCESS" in result.stdout
+
+
+def test_a_missing_alertmanager_is_an_error_that_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="install Debian's 'prometheus-alertmanager' package"):
+        AlertmanagerServer("http://127.0.0.1:1/alertmanager", "t", tmp_path).start()
