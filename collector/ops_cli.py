@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the trace's meta-<name>.yaml (tp_size, dsp_size, pp_size, dp_size): sets "
                         "--tp/--dsp and checks the trace's pp and dp against it")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--host-pattern", default=None, metavar="PATTERN",
+                   help="host name of each node id, e.g. 'gpu-node-{node:03d}', for a job placed in "
+                        "blocks of --gpus-per-node ranks (the traces name no host); writes the host "
+                        "and gpu tags, so incidents name the host to drain")
     p.add_argument("--start", default=None, metavar="TIME",
                    help="time of the first step: RFC 3339 (UTC without a zone), epoch ms, or "
                         "'6h' (that long ago); default: the import ends now")
@@ -94,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         raise OpsError("--tp and --dsp must be positive")
     now_ms = int(time.time() * 1000)
     start_ms = 0 if args.start is None else parse_time(args.start, "--start", now_ms=now_ms, assume_utc=True)
-    frame, lay = stage_frame(ops, args.job, start_ms, ranks_per_worker=tp * dsp, gpus_per_node=args.gpus_per_node)
+    frame, lay = stage_frame(ops, args.job, start_ms, ranks_per_worker=tp * dsp, gpus_per_node=args.gpus_per_node,
+                             host_pattern=args.host_pattern)
     if args.start is None:   # the last point is now
         frame["time"] += now_ms - int(frame["time"].max())
     with open_store(args.store, args.bucket) as store:

@@ -144,10 +144,14 @@ def layout(ops: pd.DataFrame, ranks_per_worker: int = 1, gpus_per_node: int = 8)
 
 
 def stage_frame(ops: pd.DataFrame, job: str, start_ms: int, ranks_per_worker: int = 1,
-                gpus_per_node: int = 8, stages: Mapping[str, str | None] | None = None
-                ) -> tuple[pd.DataFrame, OpsLayout]:
+                gpus_per_node: int = 8, stages: Mapping[str, str | None] | None = None,
+                host_pattern: str | None = None) -> tuple[pd.DataFrame, OpsLayout]:
     """One ``stage_latency`` row per recorded worker per step (see the module's doc), and the
-    layout the rows' tags follow. Pure: reads ``ops``, writes nothing."""
+    layout the rows' tags follow. Pure: reads ``ops``, writes nothing.
+
+    The traces name no host. ``host_pattern`` (e.g. ``"gpu-node-{node:03d}"``) names each
+    node's, for a job placed in blocks of ``gpus_per_node`` ranks; the ``host`` and ``gpu``
+    tags (the local index of the worker's first GPU) are then written, else neither."""
     check_columns(ops)
     mapping = dict(OPTYPE_STAGES if stages is None else stages)
     if not len(ops):
@@ -166,6 +170,12 @@ def stage_frame(ops: pd.DataFrame, job: str, start_ms: int, ranks_per_worker: in
                        f"duration {ops['duration'].iloc[i]!r})")
     lay = layout(ops, ranks_per_worker, gpus_per_node)
     topo = lay.topology
+    if host_pattern is not None:
+        try:
+            topo = Topology(pp=topo.pp, dp=topo.dp, gpus_per_node=topo.gpus_per_node, host_pattern=host_pattern)
+        except TopologyError as exc:
+            raise OpsError(str(exc)) from None
+        lay = OpsLayout(topo, lay.ranks_per_worker, lay.trace_rank)
     worker_of = pd.Series(np.arange(topo.world), index=lay.trace_rank)
     df = pd.DataFrame({"rank": worker_of.loc[ops["rank"].to_numpy(np.int64)].to_numpy(),
                        "step": ops["step"].to_numpy(np.int64), "stage": optype.map(mapping).to_numpy(),
@@ -188,6 +198,9 @@ def stage_frame(ops: pd.DataFrame, job: str, start_ms: int, ranks_per_worker: in
         schema.ITERATION_FIELD: steps,
         schema.ITERATION_MS_FIELD: ((span["last"] - span["first"]) * 1000.0).to_numpy(),
     })
+    if topo.hosts is not None:
+        out["host"] = np.asarray(topo.hosts, dtype=object)[topo.node_index[ranks]]
+        out["gpu"] = (ranks % topo.gpus_per_node) * ranks_per_worker
     for name in names:
         out[name] = per_stage[name].to_numpy(np.float64)
     return out.reset_index(drop=True), lay

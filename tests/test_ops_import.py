@@ -230,3 +230,25 @@ def test_csv_and_content_errors(tmp_path, ops):
         stage_frame(st[st["rank"] != 3], "st", START_MS)
     with pytest.raises(OpsError, match="no operation"):
         stage_frame(st.iloc[:0], "st", START_MS)
+
+
+def test_host_pattern_names_the_host_to_drain(tmp_path, capsys):
+    store = tmp_path / "s.db"
+    rc = cli_main(["import-ops", str(trace("AR")), "--job", "ar", "--store", str(store), "--meta",
+                   str(DATA / "meta-AR.yaml"), "--host-pattern", "gpu-node-{node:03d}"])
+    assert rc == 0, capsys.readouterr().err
+    from rankscope.store import EmbeddedStore
+
+    s = EmbeddedStore(store)
+    try:
+        df = s.read_stage_latency("ar")
+        # worker 1 (trace rank 4) holds GPUs 4-7 of node 0; worker 15 (rank 60) GPUs 4-7 of node 7
+        tags = df.drop_duplicates("rank").set_index("rank")
+        assert (tags.loc[1, "host"], int(tags.loc[1, "gpu"])) == ("gpu-node-000", 4)
+        assert (tags.loc[15, "host"], int(tags.loc[15, "gpu"])) == ("gpu-node-007", 4)
+        incidents = run_once(s, "ar")
+    finally:
+        s.close()
+    assert [(i["ranks"], i["hosts"]) for i in incidents] == [([0], ["gpu-node-000"])], describe(incidents)
+    assert "pattern" in error_of(capsys, trace("AR"), "--job", "x", "--store", tmp_path / "t.db",
+                                 "--host-pattern", "gpu-node-{rank}")
