@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.torch
 
-.PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager clean torch-demo
+.PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager prometheus clean torch-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,10 +46,14 @@ chromium:
 alertmanager:
 	$(call apt_install,prometheus-alertmanager alertmanager,prometheus-alertmanager)
 
+# ... and a real Prometheus evaluating an `up == 0` rule in front of it (Debian's `prometheus`, v2.42).
+prometheus:
+	$(call apt_install,prometheus,prometheus)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(TORCH) influxdb chromium alertmanager lint
+test: $(STAMP) $(TORCH) influxdb chromium alertmanager prometheus lint
 	$(VENV)/bin/rankscope dashboards check
 	$(PY) -m pytest -q
 

@@ -7,6 +7,10 @@ compares the two). Alertmanager runs on a free 127.0.0.1 port with clustering di
 its data in a temporary folder; the receiver runs as the command operators start, with its
 bearer token from ``RANKSCOPE_EVENTS_TOKEN``. A missing program is an error that says what
 to install, never a skipped test.
+
+:class:`PrometheusServer` (Debian's ``prometheus``) scrapes a :class:`MetricsTarget` standing
+in for a machine's exporter and posts the alerts of :data:`PROMETHEUS_RULES` to Alertmanager,
+the production path in front of it.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +235,122 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout_s}s\n{diagnostics()}")
         time.sleep(0.1)
+
+
+#: The rule the Prometheus test evaluates: a machine whose exporter stops answering.
+PROMETHEUS_RULES = """\
+groups:
+  - name: machines
+    interval: 1s
+    rules:
+      - alert: NodeUnreachable
+        expr: up{job="node"} == 0
+        labels:
+          severity: critical
+        annotations:
+          summary: node unreachable
+          description: "{{ $labels.instance }} ({{ $labels.host }}) does not answer scrapes"
+"""
+
+
+def prometheus_config(alertmanager: str, target: str, host: str, rule_file: str) -> str:
+    """Prometheus scraping ``target`` (labelled with the machine's ``host``) every second,
+    evaluating ``rule_file`` and posting its alerts to the Alertmanager at ``alertmanager``
+    (host:port)."""
+    return f"""\
+global:
+  scrape_interval: 1s
+  scrape_timeout: 500ms
+  evaluation_interval: 1s
+alerting:
+  alertmanagers:
+    - static_configs:
+        - targets: ["{alertmanager}"]
+rule_files: ["{rule_file}"]
+scrape_configs:
+  - job_name: node
+    static_configs:
+      - targets: ["{target}"]
+        labels:
+          host: {host}
+"""
+
+
+class PrometheusServer:
+    """One Prometheus process (Debian's ``prometheus`` package) on a free loopback port, its
+    TSDB in ``root``."""
+
+    def __init__(self, alertmanager_url: str, target: str, host: str, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        rules = root / "rules.yml"
+        rules.write_text(PROMETHEUS_RULES)
+        self.config_text = prometheus_config(alertmanager_url.removeprefix("http://"), target, host,
+                                             str(rules))
+        self.log_path = root / "prometheus.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 30.0) -> PrometheusServer:
+        exe = shutil.which("prometheus")
+        if exe is None:
+            raise RuntimeError("prometheus not found: install Debian's 'prometheus' package "
+                               "(make test does: make prometheus)")
+        conf = self.root / "prometheus.yml"
+        conf.write_text(self.config_text)
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [exe, f"--config.file={conf}", f"--storage.tsdb.path={self.root / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--rules.alert.resend-delay=1s",
+             "--log.level=info"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        _wait_ready(self.proc, self.url + "/-/ready", "prometheus", self.log_path, timeout_s)
+        return self
+
+    def query(self, expr: str) -> list[dict]:
+        status, answer = _http("GET", self.url + "/api/v1/query?query=" + urllib.parse.quote(expr))
+        assert status == 200, answer
+        return answer["data"]["result"]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        self.proc = None
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+class MetricsTarget:
+    """A scrape target standing in for a machine's node_exporter: ``GET /metrics`` answers
+    while it runs; :meth:`stop` makes the machine unreachable, :meth:`start` brings it back
+    on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self) -> MetricsTarget:
+        class Metrics(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                body = b"# TYPE node_exporter_build_info gauge\nnode_exporter_build_info 1\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Metrics)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None

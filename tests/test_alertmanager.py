@@ -1,10 +1,12 @@
 """A real Alertmanager in the loop: alerts posted to its API as Prometheus posts them reach
 ``rankscope events serve`` as Alertmanager's own webhook payload, firing and then resolved,
-and the analyzer judges them against an incident on the real InfluxDB."""
+and the analyzer judges them against an incident on the real InfluxDB. Then a real
+Prometheus in front of it, evaluating ``up == 0`` for a target that stops answering."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -19,8 +21,11 @@ from simulator.simulate import simulate
 from tests.alertmanager_server import (
     DOC_TOKEN_FILE,
     DOC_URL,
+    PROMETHEUS_RULES,
     AlertmanagerServer,
     EventsServe,
+    MetricsTarget,
+    PrometheusServer,
     alertmanager_config,
     find_program,
     wait_for,
@@ -138,6 +143,57 @@ def test_alertmanager_notifications_are_judged_and_resolved(influx_store, events
     assert firing_wait < 10 and resolved_wait < 10, (firing_wait, resolved_wait)
 
 
+def test_prometheus_rule_on_a_stopped_target_fires_and_resolves(influx_store, events_serve,
+                                                                 alertmanager, tmp_path):
+    """The production path: Prometheus scrapes a machine's exporter, evaluates ``up == 0`` when
+    it stops answering, posts the alert to Alertmanager, which notifies the receiver; the
+    exporter back, the rule stops firing and the resolved notice rewrites the point."""
+    scenario = load_scenario("compute-slowdown").with_overrides(iterations=35)
+    [culprit_host] = scenario.topology.hosts_of(scenario.faults[0].ranks)
+    target = MetricsTarget().start()
+    root = tmp_path / "prometheus"
+    root.mkdir()
+    prometheus = PrometheusServer(alertmanager.url, target.address, culprit_host, root).start()
+    # Prometheus scrapes a new target only after its discovery's 5 s delay: simulate meanwhile
+    simulate(scenario, influx_store, start_ms=(now_ms() - 3600_000) // 60_000 * 60_000, progress=False)
+
+    def diagnostics() -> str:
+        return (f"receiver log:\n{events_serve.log_text()[-3000:]}\n"
+                f"alertmanager log:\n{alertmanager.log_text()[-3000:]}\n"
+                f"prometheus log:\n{prometheus.log_text()[-3000:]}\n"
+                f"stored: {influx_store.read_events().to_dict('records')}")
+
+    def stored(status: str):
+        back = influx_store.read_events()
+        return back if len(back) == 1 and back["status"].iloc[0] == status else None
+
+    try:
+        wait_for(lambda: prometheus.query('up{job="node"} == 1') or None, 20,
+                 "the target scraped", diagnostics)
+        t0 = time.monotonic()
+        target.stop()                                   # the machine stops answering
+        back = wait_for(lambda: stored("firing"), 30, "the firing notification", diagnostics)
+        firing_wait = time.monotonic() - t0
+        row = back.iloc[0]
+        assert (row["name"], row["host"], row["severity"], row["source"], row["ends_ms"]) == (
+            "NodeUnreachable", culprit_host, "critical", SOURCE, -1)
+        assert row["text"].startswith("node unreachable - ")
+        [incident] = [i for i in run_once(influx_store, job=scenario.job) if culprit_host in i["hosts"]]
+        assert incident["class"] == "compute_straggler"
+        assert [(e["name"], e["verdict"], e["status"]) for e in incident["events"]] == [
+            ("NodeUnreachable", "contradicted", "firing")]
+
+        t1 = time.monotonic()
+        target.start()                                  # back: up == 1, the rule stops firing
+        back = wait_for(lambda: stored("resolved"), 30, "the resolved notification", diagnostics)
+        resolved_wait = time.monotonic() - t1
+        assert back.iloc[0]["time"] == row["time"] and back.iloc[0]["ends_ms"] > row["time"]
+        assert firing_wait < 15 and resolved_wait < 15, (firing_wait, resolved_wait)
+    finally:
+        prometheus.stop()
+        target.stop()
+
+
 def test_the_documented_configuration_is_the_one_the_test_runs():
     text = (ROOT / "docs" / "events.md").read_text()
     blocks = re.findall(r"<!-- alertmanager-config -->\n```yaml\n(.*?)```", text, re.S)
@@ -157,10 +213,30 @@ def test_alertmanager_accepts_the_documented_configuration(tmp_path):
     result = subprocess.run([str(amtool), "check-config", str(conf)], capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "receivers: 2" in result.stdout.lower() or "SUCCESS" in result.stdout
+    assert "SUCCESS" in result.stdout and "2 receivers" in result.stdout
 
 
 def test_a_missing_alertmanager_is_an_error_that_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RuntimeError, match="install Debian's 'prometheus-alertmanager' package"):
         AlertmanagerServer("http://127.0.0.1:1/alertmanager", "t", tmp_path).start()
+
+
+def test_a_missing_prometheus_is_an_error_that_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="install Debian's 'prometheus' package"):
+        PrometheusServer("http://127.0.0.1:1", "127.0.0.1:2", "gpu-node-00172", tmp_path).start()
+
+
+def test_promtool_accepts_the_rules_the_test_and_the_documentation_use(tmp_path):
+    text = (ROOT / "docs" / "events.md").read_text()
+    [documented] = re.findall(r"```yaml\n# rankscope-machine-alerts.yml\n(.*?)```", text, re.S)
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: Debian's prometheus package ships it"
+    for name, rules in (("test", PROMETHEUS_RULES), ("documented", documented)):
+        path = tmp_path / f"{name}.yml"
+        path.write_text(rules)
+        result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 0, (name, result.stdout + result.stderr)
+        assert re.search(r"SUCCESS: \d+ rules found", result.stdout), result.stdout

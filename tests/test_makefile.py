@@ -1,6 +1,6 @@
 """The Makefile's package-install recipes, run against a stub apt-get.
 
-A fresh machine lacks influxd, chromium and Alertmanager; `make test` installs them with apt-get, as root
+A fresh machine lacks influxd, chromium, Alertmanager and Prometheus; `make test` installs them with apt-get, as root
 (CI) or through sudo. These tests run the real recipes with a PATH on which neither program
 exists and `apt-get`/`sudo`/`id` are stubs that record how they were called, so a recipe that
 only works where the packages are already installed fails here, not on a newcomer's machine.
@@ -49,7 +49,7 @@ def _make(target: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(("target", "package"), [
     ("influxdb", "influxdb"), ("chromium", "chromium"),
-    ("alertmanager", "prometheus-alertmanager"),
+    ("alertmanager", "prometheus-alertmanager"), ("prometheus", "prometheus"),
 ])
 def test_installs_as_root_without_sudo(tmp_path: Path, target: str, package: str) -> None:
     env, log = _stub_path(tmp_path, uid=0)
@@ -109,10 +109,11 @@ def test_failed_alertmanager_install_names_the_package(tmp_path: Path) -> None:
     assert "could not install prometheus-alertmanager" in result.stderr
 
 
-def test_make_test_installs_alertmanager() -> None:
-    """`make test` runs the real Alertmanager end to end, so it depends on the install target."""
+def test_make_test_installs_alertmanager_and_prometheus() -> None:
+    """`make test` runs the real Alertmanager and Prometheus end to end: it depends on their
+    install targets."""
     assert MAKE is not None
     result = subprocess.run([MAKE, "-n", "-C", str(ROOT), "--print-data-base", "--question", "test"],
                             capture_output=True, text=True, timeout=60)
     [deps] = [line for line in result.stdout.splitlines() if line.startswith("test: ")]
-    assert "alertmanager" in deps.split()
+    assert {"alertmanager", "prometheus"} <= set(deps.split())
