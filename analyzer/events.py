@@ -57,10 +57,12 @@ EXPLAINS: dict[IncidentClass, set[str]] = {
     IncidentClass.LINK_DEGRADATION: {"network"},
     IncidentClass.PIPELINE_IMBALANCE: set(),
     IncidentClass.SILENT_RANK: {"network", "compute", "host"},
+    IncidentClass.ARRIVAL_STRAGGLER: {"compute", "host"},
 }
 #: Classes whose anomaly sits in compute-only or host stages, with the culprits' own
 #: collectives short (they arrive last): a network event on their node is not the cause.
-_NOT_NETWORK = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.HOST_STALL, IncidentClass.TRANSIENT_STALL)
+_NOT_NETWORK = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.HOST_STALL, IncidentClass.TRANSIENT_STALL,
+                IncidentClass.ARRIVAL_STRAGGLER)
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,9 @@ def verdict(cat: str | None, incident_class: IncidentClass, on_culprit: bool,
         return Verdict.UNRELATED, "event type not recognised; not used as evidence"
     if cat in EXPLAINS[cls]:
         return Verdict.SUPPORTED, f"a {cat} event fits a {cls.label}"
+    if cat == "network" and cls == IncidentClass.ARRIVAL_STRAGGLER:
+        return Verdict.CONTRADICTED, ("this host's own collectives are the shortest of its groups (it arrives "
+                                      "last and its group-mates wait for it), not slow: its network is not the cause")
     if cat == "network" and cls in _NOT_NETWORK:
         kind = ev.get("stage_kind") or ("host" if cls == IncidentClass.HOST_STALL else "compute")
         where = ("compute-only" if kind == "compute" else "host-side (data loading)")

@@ -46,6 +46,8 @@ class IncidentClass(StrEnum):
     TRANSIENT_STALL = "transient_stall"
     HOST_STALL = "host_stall"
     SILENT_RANK = "silent_rank"
+    #: A straggler named from its collectives alone (it arrives last): no compute stage recorded.
+    ARRIVAL_STRAGGLER = "arrival_straggler"
 
     @property
     def label(self) -> str:
@@ -69,6 +71,9 @@ ACTIONS: dict[IncidentClass, str] = {
     IncidentClass.TRANSIENT_STALL: "No action unless it repeats: a short stall that passed on its own.",
     IncidentClass.HOST_STALL: "Check the host side (data loader, CPU, storage) of {where}.",
     IncidentClass.SILENT_RANK: "{Ranks} stopped reporting: check the processes on {where}.",
+    IncidentClass.ARRIVAL_STRAGGLER: "Check the GPUs and host of {where} (its peers wait for it in every "
+                                     "collective): drain them if they stay slow; network repairs will not "
+                                     "restore the speed.",
 }
 
 

@@ -15,6 +15,7 @@ State lives in the objects; :meth:`Diagnoser.update` is fed once per iteration.
 from __future__ import annotations
 
 from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.arrival import ArrivalRule
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.links import LinkRule
 from analyzer.diagnosis.observation import Observation
@@ -30,7 +31,7 @@ from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
 #: The rules, in the order they run each iteration.
-RULES = ("transient", "stragglers", "links", "pipeline", "silence")
+RULES = ("transient", "stragglers", "links", "pipeline", "arrival", "silence")
 
 
 class Diagnoser:
@@ -46,6 +47,7 @@ class Diagnoser:
             "stragglers": StragglerRule(job, topo, stages, cfg, self.cells),
             "links": LinkRule(job, topo, stages, cfg),
             "pipeline": PipelineRule(job, topo, stages, cfg),
+            "arrival": ArrivalRule(job, topo, stages, cfg),
             "silence": self.silence,
         }
         self.rules: list[Rule] = [rules[name] for name in RULES]

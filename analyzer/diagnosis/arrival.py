@@ -1,0 +1,194 @@
+"""Rule: a straggler named from communication alone, by who arrives last.
+
+Every member of a collective finishes it together, so its measured time is the wait for the
+last member to arrive plus the transfer: the rank that arrives last measures the *shortest*
+time, its group-mates the longest. A job whose collector writes only collective timings
+(``rankscope import-nccl``: NCCL Inspector, Flight Recorder) has no compute stage in which a
+slow rank would stand out; this rule names it from the shape of the waits instead.
+
+A rank is *short* in a communication stage when its time, smoothed over ``smooth``
+iterations, is below :data:`SHORT_RATIO` of its collective group's median and at least
+:data:`MIN_GAP_MS` shorter, while that group's median has risen to more than
+:data:`RISE` times its level before (a slow moving baseline of the group median the rank
+sees, updated while the rank is not flagged). A rank short in most (more than half, at least
+one) of the stages whose group rose is flagged; flagged for more than ``transient_max``
+iterations in a row, it is an :attr:`~rankscope.incident.IncidentClass.ARRIVAL_STRAGGLER`.
+A rank that merely waits for the straggler in another group (its pipeline partner, say)
+is short in that group's stage too, but long in the stages it shares with the straggler:
+it is not short in most of them.
+
+The rule runs only on iterations with no compute or host stage reported (where those exist,
+the straggler rule names the slow stage itself) and skips ranks an open incident of another
+rule holds. Vectorised over ranks and stages.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.observation import Observation
+from analyzer.diagnosis.rank_evidence import split_by_onset_and_place
+from analyzer.diagnosis.rule import Rule, culprit_incident, set_culprits
+from rankscope.incident import Incident, IncidentClass
+from rankscope.schema import StageSet
+from rankscope.topology import Topology, format_ranks, rank_phrase
+
+#: A short collective is below this fraction of its group's median.
+SHORT_RATIO = 0.5
+#: ... and at least this much shorter (ms): sub-millisecond jitter names nobody.
+MIN_GAP_MS = 1.0
+#: The group's median must have risen above this multiple of its baseline.
+RISE = 1.5
+#: Weight of a new iteration in the baseline of the group medians.
+BASELINE_ALPHA = 0.1
+
+
+class ArrivalRule(Rule):
+    """Ranks whose collectives are consistently the shortest of their groups while those rose."""
+
+    classes = (IncidentClass.ARRIVAL_STRAGGLER,)
+
+    def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig):
+        super().__init__(job, topo, stages, cfg)
+        self.comm = np.array([st.kind == "comm" and topo.group_size(st.group) > 1 for st in stages])
+        self.cause = np.array([st.kind in ("compute", "host") for st in stages])
+        n, s = topo.world, len(stages)
+        self.base = np.full((n, s), np.nan)     # baseline of the group median each rank sees
+        self.streak = np.zeros(n, dtype=np.int64)
+        self.onset = np.zeros(n, dtype=np.int64)
+        self.flagged = np.zeros(n, dtype=bool)
+        self.held = np.zeros(n, dtype=bool)      # culprits of this rule's open incidents
+
+    def _flag(self, obs: Observation) -> np.ndarray:
+        """Ranks short in most of their risen comm stages this iteration (updates the baseline)."""
+        n = self.topo.world
+        if not self.comm.any() or not len(obs.window):
+            return np.zeros(n, dtype=bool)
+        vals = obs.window.recent(1)[0]                                    # [R, S]
+        if self.cause.any() and np.isfinite(vals[:, self.cause]).any():
+            return np.zeros(n, dtype=bool)   # compute/host stages reported: the straggler rule's job
+        c = self.comm
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            v = vals[:, c]
+            med = v / obs.scores.ratio[:, c]                              # the group's median
+            smooth = obs.scores.smooth_ratio[:, c]
+            base = self.base[:, c]
+            valid = np.isfinite(v) & np.isfinite(med) & (med > 0)
+            rose = valid & np.isfinite(base) & (med > RISE * base)
+            short = rose & (smooth < SHORT_RATIO) & (med - v > MIN_GAP_MS)
+            n_rose, n_short = rose.sum(axis=1), short.sum(axis=1)
+            flag = (n_short >= 1) & (2 * n_short > n_rose)
+            # the baseline follows the group medians the rank sees while it is not flagged
+            upd = valid & ~flag[:, None]
+            new = np.where(np.isfinite(base), (1 - BASELINE_ALPHA) * base + BASELINE_ALPHA * med, med)
+            base = np.where(upd, new, base)
+        self.base[:, c] = base
+        return flag & obs.present
+
+    def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
+        flag = self._flag(obs)
+        start = flag & ~self.flagged
+        self.onset[start] = obs.iteration
+        self.streak = np.where(flag, self.streak + 1, 0)
+        self.flagged = flag
+        others = np.zeros(self.topo.world, dtype=bool)
+        for inc in book.open():
+            if inc.cls != IncidentClass.ARRIVAL_STRAGGLER:
+                others[np.asarray(inc.ranks, dtype=np.int64)] = True
+        confirmed = flag & (self.streak > self.cfg.transient_max) & ~self.held & ~others
+        if not confirmed.any():
+            return []
+        ranks = np.flatnonzero(confirmed)
+        out: list[Incident] = []
+        for inc in book.open():   # ranks next to an open incident of this rule join it
+            if inc.cls != IncidentClass.ARRIVAL_STRAGGLER:
+                continue
+            join = np.isin(self.topo.node_index[ranks], inc.nodes)
+            if join.any():
+                set_culprits(inc, np.union1d(inc.ranks, ranks[join]), self.topo)
+                self.held[ranks[join]] = True
+                self._evidence(inc, obs)
+                out.append(inc)
+                ranks = ranks[~join]
+        if not len(ranks):
+            return out
+        gap = self.cfg.transient_max + 1
+        for part, onsets in split_by_onset_and_place(ranks, self.onset[ranks], gap, self.topo):
+            onset = int(onsets.min())
+            inc = culprit_incident(self.job, IncidentClass.ARRIVAL_STRAGGLER, part, self.topo, onset,
+                                   obs.window.time_of(onset, obs.time_ms), stage=None, ratio=1.0,
+                                   group_type=None, group_ranks=[])
+            self.held[part] = True
+            self._evidence(inc, obs)
+            book.judge_events(inc, obs.window)
+            out.append(book.register(inc))
+        return out
+
+    def _evidence(self, inc: Incident, obs: Observation) -> None:
+        """Per comm stage the culprits' time against their group-mates', now and before the onset."""
+        win = obs.window
+        ranks = np.asarray(inc.ranks, dtype=np.int64)
+        now, before = win.values[win.since(inc.onset_iteration)], win.values[win.before(inc.onset_iteration)]
+        rows, best = [], None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for j, st in enumerate(self.stages):
+                if not self.comm[j]:
+                    continue
+                groups = np.unique(self.topo.group_ids(st.group)[ranks])
+                members = self.topo.members(st.group)[groups].reshape(-1)
+                mates = np.setdiff1d(members, ranks)
+                c_ms = float(np.nanmedian(now[:, ranks, j])) if len(now) else float("nan")
+                m_ms = float(np.nanmedian(now[:, mates, j])) if len(now) and len(mates) else float("nan")
+                m_before = float(np.nanmedian(before[:, mates, j])) if len(before) and len(mates) else float("nan")
+                if not (np.isfinite(c_ms) and np.isfinite(m_ms)):
+                    continue
+                row = {"stage": st.name, "group": st.group, "group_ranks": format_ranks(members),
+                       "culprit_ms": round(c_ms, 3), "groupmates_ms": round(m_ms, 3),
+                       "groupmates_before_ms": round(m_before, 3),
+                       "culprits_short": bool(c_ms < SHORT_RATIO * m_ms)}
+                rows.append(row)
+                if row["culprits_short"] and (best is None or m_ms - c_ms > best["groupmates_ms"] - best["culprit_ms"]):
+                    best = row
+        if best is None:
+            best = rows[0] if rows else {"stage": "?", "group": "?", "group_ranks": "", "culprit_ms": float("nan"),
+                                          "groupmates_ms": float("nan"), "groupmates_before_ms": float("nan")}
+        short = [r["stage"] for r in rows if r["culprits_short"]]
+        ratio = best["groupmates_ms"] / best["culprit_ms"] if best["culprit_ms"] > 0 else float("nan")
+        inc.stage, inc.ratio = best["stage"], round(float(ratio), 3) if np.isfinite(ratio) else 1.0
+        inc.group_type, inc.group_ranks = best["group"], [int(r) for r in np.sort(
+            self.topo.members(best["group"])[np.unique(self.topo.group_ids(best["group"])[ranks])].reshape(-1))]
+        one = len(ranks) == 1
+        summary = (f"From communication alone: {rank_phrase(inc.ranks, capital=False)} ({inc.where}) "
+                   f"{'arrives' if one else 'arrive'} last. {'Its' if one else 'Their'} own collectives are "
+                   f"the shortest of {'its' if one else 'their'} groups in {len(short)} of {len(rows)} "
+                   f"communication stage(s) ({', '.join(short)}): {best['stage']} {best['culprit_ms']:.1f} ms "
+                   f"vs {best['groupmates_ms']:.1f} ms for the group-mates ({best['group_ranks']}), who took "
+                   f"{best['groupmates_before_ms']:.1f} ms before iteration {inc.onset_iteration}. The others "
+                   f"wait for {'it' if one else 'them'} in every collective, so the slowness is on "
+                   f"{'its' if one else 'their'} side before the collectives (compute, host or the GPU), not in "
+                   f"the network; no compute stage is recorded to say which.")
+        if obs.l1_step:
+            summary += (f" Job iteration time {obs.l1_step['before_ms'] / 1000:.2f} s -> "
+                        f"{obs.l1_step['after_ms'] / 1000:.2f} s at iteration {obs.l1_step['iteration']}.")
+        inc.evidence = {"summary": summary, "stage": inc.stage, "stage_kind": "comm", "ratio": inc.ratio,
+                        "arrived_last": True, "from_communication_alone": True, "collectives": rows,
+                        "short_stages": short, "l1": obs.l1_step}
+
+    def active(self, inc: Incident, obs: Observation) -> bool:
+        ranks = np.asarray(inc.ranks, dtype=np.int64)
+        reporting = obs.present[ranks]
+        if not reporting.any():
+            return True
+        return bool(self.flagged[ranks[reporting]].mean() >= 0.5)
+
+    def resolved(self, inc: Incident) -> None:
+        self.held[np.asarray(inc.ranks, dtype=np.int64)] = False
+
+    def adopt(self, inc: Incident) -> None:
+        self.held[np.asarray(inc.ranks, dtype=np.int64)] = True

@@ -1,0 +1,197 @@
+"""``rankscope import-nccl FILE_OR_DIR... --job NAME``: NCCL Inspector logs or PyTorch Flight
+Recorder dumps -> ``stage_latency`` points (collector/nccl_import.py says how)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from collector import nccl_import as ni
+from rankscope.topology import Topology, TopologyError
+
+
+def _wrap(text: str) -> str:
+    return "\n\n".join(textwrap.fill(par, 90, break_on_hyphens=False) for par in text.split("\n\n"))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from rankscope.cli import add_store_options
+
+    p = sub.add_parser(
+        "import-nccl", help="import NCCL Inspector logs or Flight Recorder dumps (collective timings) as stage latencies",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_wrap(
+            "Read the collective timings NCCL's Inspector profiler plugin (NCCL_PROFILER_PLUGIN, "
+            "NCCL_INSPECTOR_ENABLE=1: <dir>/<host>-pid<pid>.log, one JSON record per collective per "
+            "communicator) or PyTorch's Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE, "
+            "TORCH_NCCL_ENABLE_TIMING=1: nccl_trace_rank_<rank> dumps, pickle or JSON) write, and "
+            "write one stage_latency point per rank per iteration: each communication stage the "
+            "iteration's total of its collectives (ms).\n\n"
+            "A communicator's kind comes from its members against the job's layout (--tp/--pp/--dp/"
+            "--ep, default pure DP): all-to-alls on EP groups are dispatch/combine, sends and receives "
+            "pp_send/pp_recv, reduce-scatters and all-reduces on DP groups reduce_scatter, all-gathers "
+            "all_gather, the rest comm_other.\n\n"
+            "Iterations: the anchor communicator (--anchor, default the one with the most members) "
+            "runs --per-iteration collectives per iteration; its last one ends the iteration, and "
+            "every other collective of a rank belongs to the iteration of the next anchor collective "
+            "of that rank. Point times are the ranks' own clocks."))
+    add_store_options(p)
+    p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="Inspector logs / Flight Recorder dumps, or directories of them")
+    p.add_argument("--job", required=True, help="job name the points are tagged with")
+    p.add_argument("--format", choices=("inspector", "flight-recorder", "auto"), default="auto",
+                   help="record format (default: from each file's name and first bytes)")
+    p.add_argument("--per-iteration", type=int, default=1, metavar="N",
+                   help="collectives the anchor communicator runs per iteration (default 1)")
+    p.add_argument("--anchor", default=None, metavar="COMM",
+                   help="communicator id (Inspector header.id) or process group name (Flight Recorder) "
+                        "whose collectives delimit iterations (default: the one with the most members)")
+    p.add_argument("--iteration-offset", type=int, default=0, help="added to the iteration numbers (default 0)")
+    for dim in ("tp", "pp", "dp", "ep"):
+        p.add_argument(f"--{dim}", type=int, default=None, help=f"{dim.upper()} size of the job")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8, or the world if smaller)")
+    p.add_argument("--follow", action="store_true",
+                   help="keep reading growing Inspector logs and write each iteration once every rank "
+                        "finished it, until Ctrl-C (or --max-seconds)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between reads with --follow (default 1)")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop following after this long")
+    p.set_defaults(func=run)
+
+
+def topology(args: argparse.Namespace, records: pd.DataFrame) -> Topology:
+    world = int(records["rank"].max()) + 1
+    tp, pp, ep = args.tp or 1, args.pp or 1, args.ep or 1
+    dp = args.dp or max(1, world // (tp * pp))
+    if tp * pp * dp != world:
+        raise ni.NcclError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} ranks, but the records name {world}")
+    gpn = args.gpus_per_node or (8 if world % 8 == 0 else world)
+    try:
+        return Topology(tp=tp, pp=pp, dp=dp, ep=ep, gpus_per_node=gpn)
+    except TopologyError as exc:
+        raise ni.NcclError(f"the layout does not fit: {exc}") from None
+
+
+def _summary(imp: ni.NcclImport, frame: pd.DataFrame, what: str) -> str:
+    t = imp.topology
+    stages = [c for c in frame.columns if c in ni.schema.KNOWN_STAGES.names]
+    kinds = ", ".join(f"{c} {k}" for c, k in sorted(imp.kinds.items()))
+    its = (f"iterations {int(frame['iteration'].min())}-{int(frame['iteration'].max())}"
+           if len(frame) else "no iteration")
+    text = (f"{what} {len(frame)} point(s): {t.world} rank(s) (tp {t.tp} x pp {t.pp} x dp {t.dp}, ep {t.ep}), "
+            f"{its}, stages {', '.join(stages)}; anchor {imp.anchor}; communicators: {kinds}")
+    if imp.missing:
+        text += ("; records missing (sequence-number gaps; shorten NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_"
+                 "MICROSECONDS): " + ", ".join(f"{c} {n}" for c, n in sorted(imp.missing.items())))
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankscope.store import open_store
+
+    if args.follow:
+        return follow(args)
+    records = ni.load(args.paths, args.format)
+    imp = ni.stage_frame(records, args.job, topology(args, records), args.per_iteration, args.anchor,
+                         iteration_offset=args.iteration_offset)
+    with open_store(args.store, args.bucket) as store:
+        store.write_stage_latency(imp.frame)
+    print(_summary(imp, imp.frame, "imported"), file=sys.stdout)
+    return 0
+
+
+class Follower:
+    """Tails Inspector logs: new complete lines of known files, new files in given directories."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = [Path(p) for p in paths]
+        self.pos: dict[Path, tuple[int, int]] = {}   # file -> (next line, byte offset)
+        self.raw: list[dict] = []
+
+    def files(self) -> list[Path]:
+        out = []
+        for p in self.paths:
+            if p.is_dir():
+                out += sorted(f for f in p.glob("*.log") if f.is_file())
+            elif p.exists():
+                out.append(p)
+        return out
+
+    def poll(self) -> int:
+        n = 0
+        for f in self.files():
+            if ni.FR_PREFIX in f.name:
+                raise ni.NcclError(f"{f}: --follow tails Inspector logs; a Flight Recorder dump is rewritten whole")
+            line, off = self.pos.get(f, (1, 0))
+            new, line, off = ni.read_inspector(f, line, off)
+            self.pos[f] = (line, off)
+            self.raw += new
+            n += len(new)
+        return n
+
+
+def follow(args: argparse.Namespace) -> int:
+    from rankscope.store import open_store
+
+    if args.format == "flight-recorder":
+        raise ni.NcclError("--follow tails Inspector logs; Flight Recorder dumps are written whole: import them once")
+    for p in map(Path, args.paths):
+        if not p.exists():
+            raise ni.NcclError(f"{p}: no such file or directory")
+    tail = Follower(args.paths)
+    written = -1          # the last iteration written
+    first_sn = anchor = topo = None
+    deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
+    total = 0
+    imp = None
+
+    def step(final: bool) -> None:
+        nonlocal written, first_sn, anchor, topo, total, imp
+        if not tail.raw:
+            return
+        try:
+            records = ni.inspector_records(tail.raw)
+        except ni.NcclError:
+            if final:
+                raise
+            return   # not every rank has written its job-wide communicator yet
+        if topo is None:
+            topo = topology(args, records)
+            anchor = args.anchor or ni.choose_anchor(records)
+            first_sn = int(records.loc[records["comm"] == anchor, "sn"].min())
+        try:
+            imp = ni.stage_frame(records, args.job, topo, args.per_iteration, anchor, first_sn)
+        except ni.NcclError:
+            if final:
+                raise
+            return   # no iteration complete yet
+        frame = imp.frame
+        if final:
+            done = int(frame["iteration"].max()) - args.iteration_offset
+        else:
+            done = min(imp.closed.get(r, -1) for r in range(topo.world))
+        new = frame[(frame["iteration"] - args.iteration_offset > written)
+                    & (frame["iteration"] - args.iteration_offset <= done)]
+        if len(new):
+            store.write_stage_latency(new.reset_index(drop=True))
+            total += len(new)
+            written = done
+            print(_summary(imp, new, "wrote"), file=sys.stdout, flush=True)
+
+    with open_store(args.store, args.bucket) as store:
+        try:
+            while True:
+                tail.poll()
+                step(final=False)
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                time.sleep(args.interval)
+        except KeyboardInterrupt:
+            pass
+        tail.poll()
+        step(final=True)
+    print(f"followed {len(tail.pos)} file(s): {total} point(s) written", file=sys.stdout)
+    return 0
