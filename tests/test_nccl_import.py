@@ -160,7 +160,7 @@ def test_follow_picks_up_appended_records(slow_recs, tmp_path):
     rc: list[int] = []
     t = threading.Thread(target=lambda: rc.append(cli_main(
         ["import-nccl", str(d), "--job", "f", "--store", str(store), "--follow", "--interval", "0.1",
-         "--max-seconds", "4", *LAYOUT])))
+         "--max-seconds", "3", *LAYOUT])))
     t.start()
     time.sleep(1.5)
     with EmbeddedStore(store) as s:
@@ -236,3 +236,45 @@ def test_cli_errors(slow_recs, tmp_path, capsys):
     rc = cli_main(["import-nccl", str(tmp_path / "insp"), "--job", "c", "--store", store, *LAYOUT,
                    "--anchor", "0xnothing"])
     assert rc != 0 and "anchor communicator '0xnothing' has no record" in capsys.readouterr().err
+
+
+def test_all_to_alls_on_ep_groups_alternate_dispatch_and_combine():
+    """dp=4, ep=2: two all-to-alls per iteration on each EP pair, then the job-wide all-reduce."""
+    raw, t = [], 0.0
+    comms = {"0xep0": (0, 1), "0xep1": (2, 3), "0xw": (0, 1, 2, 3)}
+    sn = dict.fromkeys(comms, 0)
+    for _ in range(3):
+        for comm, ms in (("0xep0", 5.0), ("0xep1", 5.0), ("0xep0", 7.0), ("0xep1", 7.0), ("0xw", 1.0)):
+            t += 10_000
+            for i, r in enumerate(comms[comm]):
+                raw.append({"source": f"h-pid{r}.log", "line": len(raw) + 1, "comm": comm, "comm_rank": i,
+                            "n_ranks": len(comms[comm]), "op": ni.INSPECTOR_OPS["SendRecv"], "sn": sn[comm],
+                            "ms": ms, "end_us": t, "host": "h"})
+            if comm == "0xw":
+                for x in raw[-4:]:
+                    x["op"] = "all_reduce"
+            sn[comm] += 1
+    rec = ni.inspector_records(raw)
+    topo = Topology(dp=4, ep=2, gpus_per_node=4)
+    imp = ni.stage_frame(rec, "e", topo)
+    assert imp.kinds == {"0xep0": "ep", "0xep1": "ep", "0xw": "dp"}
+    f = imp.frame
+    assert len(f) == 12 and (f["dispatch"] == 5.0).all() and (f["combine"] == 7.0).all()
+    assert (f["reduce_scatter"] == 1.0).all()   # the all-reduce on the DP group: the gradient sync
+
+
+def test_newer_inspector_fields_and_float_times_are_read(tmp_path):
+    rec = json.loads(nr.inspector_line({"rank": 0, "comm": "0xworld00000000", "op": "all_reduce", "sn": 3,
+                                        "start_us": 0.0, "end_us": 150.3, "ms": 0.1503}, verbose=False))
+    rec["coll_perf"].update(coll_algo="RING", coll_proto="LL", coll_exec_time_us=150.3)
+    out = ni.parse_inspector_lines([json.dumps(rec)], "x.log")
+    assert out[0]["ms"] == pytest.approx(0.1503) and out[0]["end_us"] == nr.T0_US + 150 + 300
+
+
+def test_a_network_event_on_the_arrival_straggler_is_contradicted():
+    from analyzer.events import Verdict, verdict
+    from rankscope.incident import IncidentClass
+
+    v, reason = verdict("network", IncidentClass.ARRIVAL_STRAGGLER, True, {"arrived_last": True})
+    assert v == Verdict.CONTRADICTED and "arrives last" in reason
+    assert verdict("compute", IncidentClass.ARRIVAL_STRAGGLER, True)[0] == Verdict.SUPPORTED
