@@ -206,6 +206,7 @@ class ClusterSimulator:
                 reporting[fault.ranks] = False
             for row in rows:
                 factor[row, fault.ranks] *= fault.factor
+        self._sporadic(i, factor)
         link = factor[_LINK]
         link_hit = bool((link != 1.0).any())
 
@@ -300,11 +301,42 @@ class ClusterSimulator:
             other.step()
         return other.elapsed_ms
 
+    def _sporadic(self, i: int, factor: np.ndarray) -> None:
+        """Expert load imbalance and sporadic one-rank stalls (own random streams, so a
+        scenario without them draws exactly what it drew before they existed)."""
+        p = self.params
+        if p.expert_load_sigma > 0:
+            z = np.random.default_rng([self.scenario.seed, 3, i]).standard_normal(self.world)
+            factor[_MLP] *= np.exp(z * p.expert_load_sigma)
+        if p.stall_rate > 0:
+            rng = np.random.default_rng([self.scenario.seed, 4, i])
+            hit = np.flatnonzero(rng.random(self.world) < p.stall_rate)
+            factor[_ATTENTION, hit] *= rng.uniform(p.stall_factor_min, p.stall_factor_max, len(hit))
+
     def frame(self, res: IterationResult, time_ms: int | None = None) -> pd.DataFrame:
-        """The ``stage_latency`` frame of the reporting ranks (values rounded to 1 us)."""
+        """The ``stage_latency`` frame of the reporting ranks (values rounded to 1 us), with
+        the collector shapes of the model: per-rank and per-host clocks, dropped points."""
+        p = self.params
         ranks = np.flatnonzero(res.reporting)
+        if p.drop_rate > 0:
+            keep = np.random.default_rng([self.scenario.seed, 5, res.iteration]).random(len(ranks))
+            ranks = ranks[keep >= p.drop_rate]
         values = np.round(res.values[ranks], 3)
         frame = cube_to_frame(self.scenario.job, self.topology, res.iteration,
                               res.time_ms if time_ms is None else int(time_ms), values,
                               self.stages.names, np.round(res.iteration_ms[ranks], 3), ranks=ranks)
+        if p.rank_clock_ms > 0 or p.host_clock_ms > 0:
+            own = np.random.default_rng([self.scenario.seed, 6, res.iteration]).uniform(
+                0, p.rank_clock_ms, len(ranks))
+            frame["time"] = frame["time"].to_numpy() + np.round(
+                own + self.host_offset_ms[self.topology.node_index[ranks]]).astype(np.int64)
         return frame.drop(columns=self.absent_stages)
+
+    @property
+    def host_offset_ms(self) -> np.ndarray:
+        """Each host's fixed clock offset (ms, within +-``host_clock_ms``)."""
+        if getattr(self, "_host_offset", None) is None:
+            rng = np.random.default_rng([self.scenario.seed, 7])
+            self._host_offset = rng.uniform(-self.params.host_clock_ms, self.params.host_clock_ms,
+                                            self.topology.nodes)
+        return self._host_offset

@@ -54,6 +54,21 @@ class ModelParams:
     transfer_sigma: float = 0.06
     #: Per-rank, per-iteration dataloader noise (not clipped: host time has a long tail).
     host_sigma: float = 0.08
+    #: Per-rank, per-iteration expert load imbalance of MoE routing (lognormal sigma on mlp,
+    #: not clipped): some experts get more tokens than others each iteration.
+    expert_load_sigma: float = 0.0
+    #: Sporadic one-iteration stalls (GC, page faults, OS jitter): the fraction of
+    #: rank-iterations whose attention is slowed by a factor drawn from
+    #: [stall_factor_min, stall_factor_max] for that iteration only.
+    stall_rate: float = 0.0
+    stall_factor_min: float = 1.5
+    stall_factor_max: float = 3.0
+    # What real collectors write (the points, not the model): each rank stamps its own clock,
+    # up to ``rank_clock_ms`` after the iteration's time; each host's clock is off by a fixed
+    # amount within +-``host_clock_ms``; a fraction ``drop_rate`` of points is dropped.
+    rank_clock_ms: float = 0.0
+    host_clock_ms: float = 0.0
+    drop_rate: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -64,6 +79,11 @@ class ModelParams:
             else:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                     raise ValueError(f"model.{f.name} must be a number >= 0, got {value!r}")
+        if self.stall_factor_max < self.stall_factor_min:
+            raise ValueError("model.stall_factor_max must be at least model.stall_factor_min")
+        for name in ("stall_rate", "drop_rate"):
+            if getattr(self, name) >= 1:
+                raise ValueError(f"model.{name} must be below 1, got {getattr(self, name)!r}")
         if not 0 < self.forward_share < 1:
             raise ValueError(f"model.forward_share must be between 0 and 1, got {self.forward_share!r}")
 
