@@ -55,8 +55,22 @@ class AnalyzerConfig:
     resolves after ``resolve_after`` iterations without its culprits hot; the same
     culprits back (same class, overlapping ranks) within ``reopen_within`` iterations of
     its resolution reopen it as an intermittent fault, which then resolves only after
-    ``reopen_within`` quiet iterations; a rank missing for ``silent_after`` iterations is silent. ``event_lookback``
-    iterations before onset count for correlating out-of-band events.
+    ``reopen_within`` quiet iterations. A rank missing for ``silent_after`` iterations in a
+    row is silent (5: writers drop points under back-pressure, and at 1% dropped a 12,960-rank
+    job has a rank missing 2 in a row every iteration; 5 in a row is 1e-10), or missing for 2
+    or more iterations spanning ``silent_after_s`` seconds of its peers' time (jobs with long
+    iterations). ``event_lookback`` iterations before onset count for correlating
+    out-of-band events.
+
+    Data as collectors write it: an iteration lacking some ranks' points is analyzed once the
+    data or the clock is ``iteration_wait_s`` past it (more than the hosts' clock spread plus
+    the writers' flush interval).
+
+    Sporadic stalls: a transient stall is an incident only when the job's iteration time rose
+    beyond its own jitter (the level around it + 3 robust sigmas) by at least
+    ``stall_min_excess`` of an iteration or ``stall_min_gpu_hours`` in all, or when the same ranks stall
+    ``stall_repeat`` times within ``reopen_within`` iterations; the rest are counted in one
+    job-level summary (``sporadic_stall`` points).
     """
 
     l1_window: int = 20
@@ -87,7 +101,12 @@ class AnalyzerConfig:
     transient_z: float = 8.0
     resolve_after: int = 3
     reopen_within: int = 20
-    silent_after: int = 2
+    silent_after: int = 5
+    silent_after_s: float = 600.0
+    iteration_wait_s: float = 15.0
+    stall_min_excess: float = 0.10
+    stall_min_gpu_hours: float = 50.0
+    stall_repeat: int = 3
     event_lookback: int = 5
     history: int = 40
 

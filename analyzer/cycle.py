@@ -3,12 +3,15 @@
 The analyzer's I/O, through the store (the rollups it writes from stored points are in
 :mod:`analyzer.rollup_writer`). Each cycle, per job:
 
-1. read the ``stage_latency`` points newer than the last processed iteration
-   (minus a margin for late writers), in chunks of ``chunk_iterations``;
-2. hold back the newest iteration while it is still incomplete (fewer ranks
-   than expected and nothing after it), so a half-written iteration does not
-   look like silent ranks;
-3. feed the rest to the job's :class:`~analyzer.engine.JobAnalyzer`;
+1. find the new ``stage_latency`` points by time (from a margin before the newest point read,
+   for late writers), in chunks of about ``chunk_iterations`` iterations, and read contiguous
+   time ranges: each rank stamps its own clock, so one iteration's points spread over
+   milliseconds to seconds;
+2. assemble whole iterations by their ``iteration`` field (:mod:`analyzer.assembly`): an
+   iteration goes on when every rank reported or after a bounded wait
+   (``iteration_wait_s``), so a half-written iteration or a skewed host does not look like
+   silent ranks, and the topology is inferred from whole iterations only;
+3. feed them to the job's :class:`~analyzer.engine.JobAnalyzer`;
 4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points, and the
    rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
    :mod:`analyzer.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
@@ -34,6 +37,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from analyzer.assembly import IterationAssembler
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
 from analyzer.events import OutOfBandEvent
@@ -80,7 +84,9 @@ class AnalyzerService:
         self.progress = progress
         self.clock = clock   # wall clock (s): closes the windows of a job that stopped writing
         self.analyzers: dict[str, JobAnalyzer] = {}
-        self.watermark: dict[str, int] = {}   # time (ms) of the last processed iteration
+        self.assemblers: dict[str, IterationAssembler] = {}   # whole iterations out of the points
+        self.read_until: dict[str, int] = {}   # time (ms) of the newest point read
+        self._late_logged: dict[str, int] = {}
         self.windows_done: dict[str, int] = {}   # end (ms) of the rollup_host_5m windows written
 
     # --------------------------------------------------------------- start
@@ -120,34 +126,53 @@ class AnalyzerService:
 
     def _cycle_job(self, job: str, report: CycleReport, final: bool) -> None:
         ja = self.analyzers.get(job)
-        cursor = self._replay_start(job) if ja is None else self.watermark.get(job, 0) - LATE_MARGIN_MS
+        asm = self.assemblers.get(job)
+        cut = False   # the first read starts inside the data: its oldest iteration may be partial
+        if asm is None:
+            asm = self.assemblers[job] = IterationAssembler(int(self.cfg.iteration_wait_s * 1000))
+            cursor = self._replay_start(job)
+            cut = cursor is not None
+        else:   # again from a margin before what was read: points written late are read too
+            cursor = self.read_until[job] - LATE_MARGIN_MS
+        asm.wait_ms = int(self.cfg.iteration_wait_s * 1000)
         changed: dict[str, Incident] = {}
         cps = []
         n_iters = 0
         first_ms: int | None = None
         bar = tqdm(desc=f"analyze {job}", unit="it", disable=None if self.progress else True, leave=False,
                    dynamic_ncols=True)
-        while True:
+        tail = False
+        while not tail:
             t0 = time.perf_counter()
+            # which points are new, by time; the probe series gives about one time per iteration
             times = self.store.next_times(schema.STAGE_LATENCY, job, cursor, self.chunk)
-            if not times:
+            tail = len(times) < self.chunk   # then read on to the newest point of any rank
+            if tail and cursor is None and not times:
                 break
-            frame = self.store.read_stage_latency(job, start_ms=times[0], end_ms=times[-1])
+            start = None if cursor is None else cursor + 1
+            frame = self.store.read_stage_latency(job, start_ms=start, end_ms=None if tail else times[-1])
             report.read_s += time.perf_counter() - t0
-            cursor = times[-1]
-            if not len(frame):
+            if len(frame):
+                cursor = max(int(frame["time"].max()), cursor if cursor is not None else int(frame["time"].max()))
+                if cut:
+                    frame = frame[frame[schema.ITERATION_FIELD] > frame[schema.ITERATION_FIELD].min()]
+                    cut = False
+            elif times:
+                cursor = times[-1]
+            self.read_until[job] = cursor if cursor is not None else self.read_until.get(job, 0)
+            if ja is not None:
+                asm.last_iteration = max(asm.last_iteration, ja.last_iteration)
+            asm.add(frame)
+            now = int(self.clock() * 1000) if tail else None   # the clock counts once all is read
+            ready = asm.ready(ja.reporting_ranks or None if ja is not None else None, now, final and tail)
+            if not len(ready):
                 continue
             if ja is None:
-                ja = self.analyzers[job] = self._start_job(job, frame)
-            frame = frame[frame[schema.ITERATION_FIELD] > ja.last_iteration]
-            ja = self._follow_placement(ja, frame)
-            more = len(times) == self.chunk
-            frame = self._hold_back_incomplete(frame, ja, final or more)
-            if not len(frame):
-                continue
+                ja = self.analyzers[job] = self._start_job(job, pd.concat([ready, asm.pending()]))
+            ja = self._follow_placement(ja, ready)
             self._read_events(job, ja)
             t1 = time.perf_counter()
-            cube = frame_to_cube(frame, ja.topo.world, ja.stages.names)
+            cube = frame_to_cube(ready, ja.topo.world, ja.stages.names)
             first_ms = int(cube.times.min()) if first_ms is None else first_ms
             res = ja.feed(cube)
             report.analyze_s += time.perf_counter() - t1
@@ -161,9 +186,11 @@ class AnalyzerService:
             n_iters += len(res.iterations)
             bar.update(len(res.iterations))
             bar.set_postfix_str(f"iteration {ja.last_iteration}", refresh=False)
-            if not more:
-                break
         bar.close()
+        if asm.counts.late_rows and asm.counts.late_rows != self._late_logged.get(job, 0):
+            log.info("job %s: %d point(s) arrived after their iteration was analyzed (ignored)",
+                     job, asm.counts.late_rows)
+            self._late_logged[job] = asm.counts.late_rows
         if ja is None:
             return
         t2 = time.perf_counter()
@@ -172,7 +199,6 @@ class AnalyzerService:
         report.write_s += time.perf_counter() - t2
         if not n_iters:
             return
-        self.watermark[job] = ja.last_time_ms
         report.iterations[job] = n_iters
         t2 = time.perf_counter()
         self._write(ja, cps, list(changed.values()))
@@ -212,9 +238,10 @@ class AnalyzerService:
         incidents. Returns the job's analyzer from now on."""
         if "host" not in frame.columns or not len(frame) or self.topology is not None:
             return ja
-        last = frame[frame[schema.ITERATION_FIELD] == frame[schema.ITERATION_FIELD].max()]
+        # each rank's newest row: dropped points leave hardly any iteration with every rank
+        last = frame.drop_duplicates("rank", keep="last")
         if len(last) < ja.topo.world:
-            return ja   # a partial iteration does not describe the placement
+            return ja   # not every rank seen: that does not describe the placement
         try:
             topo = _topology_of(last)
         except TopologyError as exc:
@@ -248,17 +275,6 @@ class AnalyzerService:
         times = self.store.latest_times(schema.STAGE_LATENCY, job, self.cfg.history)
         return times[-1] - 1 if times else None
 
-    def _hold_back_incomplete(self, frame: pd.DataFrame, ja: JobAnalyzer, final: bool) -> pd.DataFrame:
-        if final or not len(frame):
-            return frame
-        it = frame[schema.ITERATION_FIELD].to_numpy()
-        last = it.max()
-        n_last = int((it == last).sum())
-        expected = ja.reporting_ranks or ja.topo.world
-        if n_last < expected:
-            return frame[it < last]
-        return frame
-
     def _write(self, ja: JobAnalyzer, cps, incidents: list[Incident]) -> None:
         if cps:
             self.store.write_measurement(schema.L1_CHANGEPOINT, pd.DataFrame([c.to_row() for c in cps]))
@@ -267,6 +283,8 @@ class AnalyzerService:
             self.store.write_measurement(schema.L2_GROUP, g)
         if len(r):
             self.store.write_measurement(schema.L2_RANK, r)
+        late = self.assemblers[ja.job].counts.late_rows if ja.job in self.assemblers else 0
+        self.store.write_measurement(schema.JOB_HEALTH, pd.DataFrame([ja.health_row(late)]))
         if incidents:
             self.store.write_measurement(schema.INCIDENT, incidents_frame(incidents))
             self.store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(incidents))

@@ -88,12 +88,16 @@ class JobAnalyzer:
                 self.l1_step = {"iteration": cp.iteration, "before_ms": round(cp.before_ms, 1),
                                 "after_ms": round(cp.after_ms, 1)}
         scores = self.ranks.update(values, present)
-        obs = Observation(iteration, time_ms, self.window, scores, self.floors.update(values),
-                          self.balance.update(values), self.balance.last_ratio, present, self.l1_step)
-        incs = self._diag.update(obs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # an iteration nobody reported
-            self.impact.push(iteration, float(np.nanmedian(iteration_ms)) / 1000.0)
+            job_ms = it_med = float(np.nanmedian(iteration_ms))
+            if not np.isfinite(job_ms):   # collectors that write no iteration time
+                job_ms = float(np.nanmedian(np.where(present, np.nansum(values, axis=1), np.nan)))
+        obs = Observation(iteration, time_ms, self.window, scores, self.floors.update(values),
+                          self.balance.update(values), self.balance.last_ratio, present, self.l1_step,
+                          job_ms)
+        incs = self._diag.update(obs)
+        self.impact.push(iteration, it_med / 1000.0)
         # every open incident's cost grows with the iteration: it is written again
         touched = {i.id: i for i in incs} | {i.id: i for i in self._diag.incidents if i.is_open}
         for inc in touched.values():
@@ -151,6 +155,19 @@ class JobAnalyzer:
     def reporting_ranks(self) -> int:
         """Ranks that have reported at least once (0 before the first iteration)."""
         return self._diag.reporting_ranks
+
+    def health_row(self, late_points: int = 0) -> dict:
+        """The job's ``job_health`` point: how complete its data is (points expected from the
+        ranks that reported once, against points received; points that came after their
+        iteration was analyzed) and the sporadic stalls that were noise, not incidents."""
+        expected, received = self._diag.silence.gaps
+        sp = self._diag.transient.sporadic
+        return {"time": int(self.last_time_ms), "job": self.job, "iteration": int(self.last_iteration),
+                "points_expected": expected, "points_received": received,
+                "completeness": float(received / expected) if expected else 1.0,
+                "late_points": int(late_points), "sporadic_stalls": int(sp.stalls),
+                "sporadic_ranks": len(sp.ranks), "sporadic_gpu_hours": float(sp.gpu_hours),
+                "sporadic_top_hosts": ", ".join(sp.top_hosts()), "sporadic_text": sp.summary()}
 
     def l2_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``l2_group`` and ``l2_rank`` points for the latest window."""

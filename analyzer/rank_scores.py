@@ -124,13 +124,22 @@ class RankScorer:
             # material: the time lost must matter (a 1 ms kernel inflated tenfold by the
             # OS scheduler is not a fail-slow; a 40 ms mlp at 1.2x is)
             material = (values - values / ratio) >= cfg.min_excess_ms
-        hot = ((((hot_smooth | hot_abs | hot_cont) & still) | hot_now) & material
-               & present[:, None] & self.cause[None, :])
-        self.prev_hot = hot
+        ok = material & present[:, None] & self.cause[None, :]
+        # evidence against the rank's own past needs a past: until its baseline is trusted a
+        # cell is hot only far above its group (a GPU that has always been a little slow must
+        # become its own normal first, not latch hot from the first iteration)
+        trusted = self.baseline.trusted()
+        hot_smooth &= trusted
+        hot_cont &= trusted
+        sustained = (hot_smooth | hot_abs | hot_cont) & still & ok
+        hot = sustained | (hot_now & ok)
+        # only sustained evidence carries the hysteresis on: a one-iteration spike (a sporadic
+        # stall) must not keep a GPU a few percent slow hot while its baseline is young
+        self.prev_hot = sustained
         # (comm stages learn too: their ratio is evidence)
         # (until a cell's baseline is trusted it learns whatever is not hot: a GPU that has
         # always been a little slow must become its own normal first)
-        learn = ~(hot_smooth | hot_abs | hot_now | hot) & (calm | ~self.baseline.trusted()) & present[:, None]
+        learn = ~(hot_smooth | hot_abs | hot_now | hot) & (calm | ~trusted) & present[:, None]
         self.baseline.update(lr_s, learn=learn)
         with np.errstate(all="ignore"):
             z = rel / sig

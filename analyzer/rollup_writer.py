@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from analyzer.assembly import IterationAssembler
 from analyzer.rollups import rollup_frames, window_rollup, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
@@ -70,14 +71,17 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
     cursor, topo = since_ms - 1, None
     bar = tqdm(desc=f"rollup {job}", unit="it", disable=None if progress else True, leave=False,
                dynamic_ncols=True)
+    asm = IterationAssembler()   # each rank stamps its own clock: whole iterations by their field
     with bar:
-        while True:
+        tail = False
+        while not tail:
             times = store.next_times(schema.STAGE_LATENCY, job, cursor, chunk_iterations)
             times = [t for t in times if until_ms is None or t <= until_ms]
-            if not times:
-                break
-            cursor = times[-1]
-            frame = store.read_stage_latency(job, start_ms=times[0], end_ms=times[-1])
+            tail = len(times) < chunk_iterations   # then read on to the range's end
+            end = until_ms if tail else times[-1]
+            asm.add(store.read_stage_latency(job, start_ms=cursor + 1, end_ms=end))
+            cursor = end if end is not None else cursor
+            frame = asm.ready(None, final=tail)
             if len(frame):
                 topo = _topology(frame, topo)
                 stages = [s for s in schema.stage_fields(frame.columns)
@@ -90,8 +94,6 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
                 report.first_ms = int(cube.times.min()) if report.first_ms is None else report.first_ms
                 report.last_ms = int(np.max(cube.times))
                 bar.update(len(cube.iterations))
-            if len(times) < chunk_iterations:
-                break
     if report.iterations:
         # every window the range touches, its edges included: the window's other points count
         report.points.update(write_windows(store, job, *window_span(report.first_ms, report.last_ms),

@@ -43,13 +43,23 @@ def spec() -> DashboardSpec:
         lay.place(4, 6), unit="s", calc="lastNotNull",
         thresholds=(("green", None), ("orange", 45), ("red", 60)),
         description="Iteration time of the slowest rank in the latest interval.")
+    complete = stat(
+        "Data completeness (points received / expected)",
+        [target(f"SELECT min(\"completeness\") * 100 FROM {source(schema.JOB_HEALTH)} WHERE {JOB} AND "
+                f"$timeFilter GROUP BY time($__interval) fill(none)")],
+        lay.place(4, 6), unit="percent", calc="lastNotNull",
+        thresholds=(("red", None), ("orange", 95), ("green", 99)),
+        description="Points the collectors delivered against those expected (every rank, every "
+                    "iteration, since the analyzer started), worst job selected. Writers drop points "
+                    "under back-pressure: a gap now and then is counted here, never an incident; a "
+                    "rank that stops reporting is a silent_rank incident.")
     slowest = table(
         "Slowest rank per job (latest iteration)",
         [target(f"SELECT last(\"max_ms\") / 1000 AS \"slowest s\", last(\"median_ms\") / 1000 AS \"median s\", "
                 f"last(\"slowest_rank\") AS \"rank\", last(\"slowest_host\") AS \"host\", "
                 f"last(\"iteration\") AS \"iteration\" FROM {ROLLUP_JOB} WHERE {JOB} AND $timeFilter "
                 f"GROUP BY \"job\"", table=True)],
-        lay.place(16, 6), sort_by="slowest s",
+        lay.place(12, 6), sort_by="slowest s",
         description="The rank that took longest in each job's latest iteration, the host it runs on, "
                     "and the job's median for comparison.")
     lay.newline()
@@ -85,7 +95,7 @@ def spec() -> DashboardSpec:
     return DashboardSpec(
         uid=UID, title="rankscope / NOC overview",
         description="Iteration time of every job, open fail-slow incidents and their cost, top suspect ranks.",
-        panels=[open_count, worst, slowest, iteration, incidents, suspects],
+        panels=[open_count, worst, complete, slowest, iteration, incidents, suspects],
         variables=[job_variable(multi=True)],
         annotations=[
             InfluxAnnotation("L1 change points",

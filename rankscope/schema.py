@@ -143,6 +143,7 @@ ROLLUP_WINDOW_MS = 300_000
 ROLLUP_HOST_HOUR = "rollup_host_1h"
 ROLLUP_HOUR_MS = 3_600_000
 INCIDENT_HOST = "incident_host"
+JOB_HEALTH = "job_health"
 
 #: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
 #: and host). ``host`` (the machine's host name) and ``gpu`` (the local device index) are
@@ -286,6 +287,17 @@ MEASUREMENTS: dict[str, Measurement] = {
          "slowest_rank": "int", "slowest_node": "int", "slowest_host": "str"},
         "per iteration: the iteration time's median, p99 and max over the ranks and the slowest rank; "
         "time = the iteration's",
+    ),
+    JOB_HEALTH: Measurement(
+        JOB_HEALTH, ("job",),
+        {ITERATION_FIELD: "int", "points_expected": "int", "points_received": "int",
+         "completeness": "float", "late_points": "int", "sporadic_stalls": "int",
+         "sporadic_ranks": "int", "sporadic_gpu_hours": "float", "sporadic_top_hosts": "str",
+         "sporadic_text": "str"},
+        "per job, written each analyzer cycle since it started: points expected (each rank from its "
+        "first point on) and received, points that came after their iteration was analyzed, and the "
+        "sporadic one-rank stalls counted as noise (an upper bound of their cost); time = the newest "
+        "iteration's",
     ),
     INCIDENT_HOST: Measurement(
         INCIDENT_HOST, ("job", "id", "class", "host"),

@@ -61,11 +61,35 @@ def test_incomplete_last_iteration_is_held_back(influx_store):
     res = sim.step()
     half = sim.frame(res, time_ms=START + 30_000 * res.iteration).iloc[:1000]   # a writer mid-iteration
     influx_store.write_stage_latency(half)
-    svc = AnalyzerService(influx_store)
+    now = {"s": (START + 30_000 * 12 + 5_000) / 1000}   # a live analyzer, 5 s after it was stamped
+    svc = AnalyzerService(influx_store, clock=lambda: now["s"])
     svc.cycle()
     ja = svc.analyzers[scenario.job]
     assert ja.last_iteration == 11                    # iteration 12 waits for its other ranks
     assert svc.incidents() == []                      # and 1,048 missing ranks are not "silent"
+    # the rest arrives: the iteration goes on whole
+    influx_store.write_stage_latency(sim.frame(res, time_ms=START + 30_000 * res.iteration).iloc[1000:])
+    svc.cycle()
+    assert ja.last_iteration == 12
+    assert svc.assemblers[scenario.job].counts.short_iterations == 0
+
+
+def test_an_iteration_whose_points_never_all_come_is_analyzed_after_the_wait(influx_store):
+    scenario = load_scenario("compute-slowdown").with_overrides(iterations=20)
+    sim = ClusterSimulator(scenario)
+    _write(influx_store, sim, 12)
+    res = sim.step()
+    influx_store.write_stage_latency(sim.frame(res, time_ms=START + 30_000 * res.iteration).iloc[:1000])
+    now = {"s": (START + 30_000 * 12 + 5_000) / 1000}
+    svc = AnalyzerService(influx_store, clock=lambda: now["s"])
+    svc.cycle()
+    ja = svc.analyzers[scenario.job]
+    assert ja.last_iteration == 11
+    now["s"] += 11                                    # 16 s after: past the 15 s wait
+    svc.cycle()
+    assert ja.last_iteration == 12                    # analyzed with the ranks it has
+    assert svc.assemblers[scenario.job].counts.short_iterations == 1
+    assert svc.incidents() == []                      # one missing iteration is not silence
 
 
 def test_failed_cycle_is_logged_and_the_next_one_runs(caplog, influx_store):

@@ -42,8 +42,9 @@ class Diagnoser:
         self.cfg = cfg = config or AnalyzerConfig()
         self.cells = RankCells(topo.world, len(stages))
         self.silence = SilenceRule(job, topo, stages, cfg)
+        self.transient = TransientStallRule(job, topo, stages, cfg, self.cells)
         rules: dict[str, Rule] = {
-            "transient": TransientStallRule(job, topo, stages, cfg, self.cells),
+            "transient": self.transient,
             "stragglers": StragglerRule(job, topo, stages, cfg, self.cells),
             "links": LinkRule(job, topo, stages, cfg),
             "pipeline": PipelineRule(job, topo, stages, cfg),

@@ -21,7 +21,8 @@ class Observation:
 
     ``present[r]``: rank r reported; ``balance_hot[g, s]``/``balance_ratio``: the
     pipeline-balance scorer's verdict per DP group and stage; ``l1_step``: the
-    job's open L1 step (``iteration``, ``before_ms``, ``after_ms``) or None.
+    job's open L1 step (``iteration``, ``before_ms``, ``after_ms``) or None; ``job_ms``: the
+    job's iteration time this iteration (what a stall costs shows there).
     """
 
     iteration: int
@@ -33,6 +34,7 @@ class Observation:
     balance_ratio: np.ndarray
     present: np.ndarray
     l1_step: dict | None = None
+    job_ms: float = float("nan")   # the job's iteration time (median over the ranks reporting)
 
     @property
     def hot(self) -> np.ndarray:

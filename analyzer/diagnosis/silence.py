@@ -1,9 +1,14 @@
 """Rule: silent ranks, ranks that stop reporting while the rest of the job goes on.
 
-A rank seen before and missing for ``silent_after`` iterations in a row, while
-at least half of the job reports (otherwise the whole job paused, or the
-collector pipeline did), is silent; ranks going silent in the same iteration
-form one incident. It resolves as soon as all of its ranks report again.
+A rank seen before and missing for ``silent_after`` iterations in a row (or for two or more
+iterations spanning ``silent_after_s`` seconds of its peers' time), while at least half of
+the job reports (otherwise the whole job paused, or the collector pipeline did), is silent;
+ranks going silent in the same iteration form one incident. It resolves as soon as all of
+its ranks report again.
+
+A rank missing now and then is not silent: writers drop points under back-pressure by
+design. Those gaps are counted per rank (:attr:`SilenceRule.gaps`, points expected against
+points received) and never make an incident.
 
 Example::
 
@@ -38,15 +43,22 @@ class SilenceRule(Rule):
         self.seen = np.zeros(topo.world, dtype=bool)
         self.missing = np.zeros(topo.world, dtype=np.int64)
         self.missing_since = np.zeros(topo.world, dtype=np.int64)
+        self.last_seen_ms = np.zeros(topo.world, dtype=np.int64)
+        self.expected = np.zeros(topo.world, dtype=np.int64)   # iterations since first seen
+        self.received = np.zeros(topo.world, dtype=np.int64)
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
         present = obs.present
         self.missing_since = np.where(present, 0, np.where(self.missing == 0, obs.iteration, self.missing_since))
         self.missing = np.where(present, 0, self.missing + 1)
         self.seen |= present
+        self.last_seen_ms = np.where(present, obs.time_ms, self.last_seen_ms)
+        self.expected += self.seen
+        self.received += present
         if present.mean() < 0.5:
             return []
-        silent = self.seen & (self.missing >= self.cfg.silent_after)
+        long_gap = (self.missing >= 2) & (obs.time_ms - self.last_seen_ms >= self.cfg.silent_after_s * 1000)
+        silent = self.seen & ((self.missing >= max(1, self.cfg.silent_after)) | long_gap)
         taken = np.zeros_like(silent)
         for inc in book.open():
             if inc.cls == IncidentClass.SILENT_RANK:
@@ -64,6 +76,11 @@ class SilenceRule(Rule):
                                     f"process, or its collector.")}
         inc = book.register(inc)
         return [inc]
+
+    @property
+    def gaps(self) -> tuple[int, int]:
+        """Points expected (iterations since each rank first reported) and received."""
+        return int(self.expected.sum()), int(self.received.sum())
 
     def active(self, inc: Incident, obs: Observation) -> bool:
         return not obs.present[np.asarray(inc.ranks, dtype=np.int64)].all()

@@ -184,13 +184,20 @@ class Store(ABC):
 
     @abstractmethod
     def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
-        """The ``n`` most recent distinct timestamps of a job's points, newest first."""
+        """The ``n`` most recent distinct timestamps of a job's points, newest first.
+
+        Points with a ``rank`` tag are read from one series (the rank of the job's latest
+        point): each rank stamps its own clock, so these are one per iteration of that rank,
+        not every millisecond the job's ranks wrote."""
 
     @abstractmethod
     def next_times(self, measurement: str, job: str, after_ms: int | None, n: int) -> list[int]:
         """The ``n`` distinct timestamps of a job's points after ``after_ms`` (exclusive), oldest first.
 
-        Lets a reader walk a long history in chunks of iterations.
+        Lets a reader walk a long history in chunks of iterations. As :meth:`latest_times`,
+        read from one rank's series where points have a ``rank``: the other ranks' points of
+        an iteration may lie on either side of it (their own clocks), so a reader takes
+        contiguous time ranges and assembles iterations by their ``iteration`` field.
         """
 
     @abstractmethod

@@ -1,0 +1,124 @@
+"""Whole iterations out of points as real collectors write them.
+
+A real collector stamps each rank's point with that rank's own clock: one iteration of a
+10,000-rank job carries thousands of distinct milliseconds, hosts whose clocks drift by
+seconds, points that arrive late and points the writer dropped. Reads therefore go by time
+only to find *which* points are new; an iteration is identified by ``job`` + the
+``iteration`` field, and :class:`IterationAssembler` hands on whole iterations only:
+
+- rows are collected per ``(iteration, rank)`` (a re-read or a late rewrite replaces the
+  row, so overlapping reads do no harm);
+- the oldest pending iteration is *ready* when every expected rank has reported, or when the
+  data has moved ``wait_ms`` past it (a later iteration's typical time), or when the wall
+  clock has (a job that hangs, or whose last points never come);
+- iterations are handed on in order; rows of an iteration already handed on are late and
+  are counted, not used (the iteration was judged without them).
+
+``wait_ms`` bounds how long a missing point is waited for. It must exceed the host clocks'
+spread plus the writers' flush interval, or points of skewed hosts are counted missing.
+
+Example::
+
+    >>> import pandas as pd
+    >>> asm = IterationAssembler(wait_ms=5_000)
+    >>> rows = pd.DataFrame({"time": [1000, 1030, 31000], "rank": [0, 1, 0],
+    ...                      "iteration": [1, 1, 2]})
+    >>> asm.add(rows)
+    >>> asm.ready(expected=2)["iteration"].tolist()   # iteration 1 complete; 2 lacks rank 1
+    [1, 1]
+    >>> asm.pending_iterations()
+    [2]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from rankscope import schema
+
+IT = schema.ITERATION_FIELD
+
+
+@dataclass
+class AssemblyCounts:
+    """What the assembler saw: rows used, late rows dropped, iterations handed on short."""
+
+    rows: int = 0
+    late_rows: int = 0
+    short_iterations: int = 0
+
+
+class IterationAssembler:
+    """Collects ``stage_latency`` rows and hands on whole iterations, oldest first.
+
+    Parameters: ``wait_ms``, how far the data (or the clock) must be past an incomplete
+    iteration before it is handed on with the ranks it has.
+    """
+
+    def __init__(self, wait_ms: int = 15_000):
+        self.wait_ms = int(wait_ms)
+        self.last_iteration = -1          # the newest iteration handed on
+        self.counts = AssemblyCounts()
+        self._rows: pd.DataFrame | None = None
+
+    def add(self, frame: pd.DataFrame) -> None:
+        """Rows read from the store (any time range, overlaps and repeats allowed)."""
+        if frame is None or not len(frame):
+            return
+        it = frame[IT].to_numpy(dtype=np.int64)
+        late = it <= self.last_iteration
+        if late.any():
+            self.counts.late_rows += int(late.sum())
+            frame = frame.loc[~late]
+        if not len(frame):
+            return
+        rows = frame if self._rows is None else pd.concat([self._rows, frame], ignore_index=True)
+        self._rows = rows.drop_duplicates([IT, "rank"], keep="last").reset_index(drop=True)
+
+    def pending_iterations(self) -> list[int]:
+        """Iterations held, oldest first."""
+        if self._rows is None:
+            return []
+        return np.unique(self._rows[IT].to_numpy(dtype=np.int64)).tolist()
+
+    def pending(self) -> pd.DataFrame:
+        """Every row held (for looking, e.g. at the ranks and tags seen so far)."""
+        return pd.DataFrame() if self._rows is None else self._rows
+
+    def ready(self, expected: int | None, now_ms: int | None = None, final: bool = False) -> pd.DataFrame:
+        """The rows of the iterations ready now (removed from the assembler), oldest first.
+
+        ``expected``: ranks an iteration is complete with (None: the most any pending iteration
+        has); ``now_ms``: the wall clock; ``final`` hands on everything held."""
+        rows = self._rows
+        if rows is None or not len(rows):
+            return pd.DataFrame()
+        it = rows[IT].to_numpy(dtype=np.int64)
+        uniq, idx = np.unique(it, return_inverse=True)
+        counts = np.bincount(idx, minlength=len(uniq))
+        # an iteration's typical time: robust to a host whose clock runs seconds ahead
+        t = pd.Series(rows["time"].to_numpy(dtype=np.int64)).groupby(idx).median().to_numpy()
+        need = int(counts.max()) if expected is None else int(expected)
+        if final:
+            n = len(uniq)
+        else:
+            complete = counts >= need
+            horizon = np.maximum.accumulate(t[::-1])[::-1]   # newest typical time at or after each
+            later = np.r_[horizon[1:], -np.inf]              # ... strictly after it
+            passed = later - t >= self.wait_ms
+            if now_ms is not None:
+                passed |= now_ms - t >= self.wait_ms
+            ok = complete | passed
+            n = len(uniq) if ok.all() else int(np.argmin(ok))   # the ready prefix, in order
+        if n == 0:
+            return pd.DataFrame()
+        take = it <= uniq[n - 1]
+        out, rest = rows.loc[take], rows.loc[~take]
+        self._rows = rest.reset_index(drop=True) if len(rest) else None
+        self.last_iteration = int(uniq[n - 1])
+        self.counts.rows += len(out)
+        self.counts.short_iterations += int((counts[:n] < need).sum())
+        return out.sort_values([IT, "rank"], kind="stable").reset_index(drop=True)
