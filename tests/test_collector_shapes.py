@@ -1,0 +1,106 @@
+"""Data as real collectors write it: each rank stamps its own clock, host clocks drift by
+seconds, the writer drops points, ranks stall sporadically, GPUs differ and MoE routing
+loads experts unevenly. A healthy job gives no incident; a one-node straggler is exactly its
+8 ranks; a silent rank is still found; a large one-iteration stall on 8 ranks is still an
+incident. On the embedded store and the real InfluxDB, at 4,608 and 12,960 ranks.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.assembly import IterationAssembler
+from analyzer.cycle import run_once
+from rankscope import schema
+from simulator.scenario import Scenario
+from simulator.simulate import simulate
+
+T0 = 1_770_000_000_000
+#: The issue's shapes: per-rank stamps up to 50 ms apart, host clocks up to 2 s apart,
+#: 1% of points dropped, 0.2% of rank-iterations stalled 1.5-3x in attention.
+REAL = {"rank_clock_ms": 50.0, "host_clock_ms": 1000.0, "drop_rate": 0.01, "stall_rate": 0.002,
+        "expert_load_sigma": 0.05, "gpu_speed_sigma": 0.03}
+TOPO_4608 = {"tp": 1, "pp": 4, "dp": 1152, "ep": 16, "gpus_per_node": 8}
+TOPO_12960 = {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8}
+
+
+def shaped(store, topo, faults, iterations=50, seed=7, job="shaped", model=None):
+    sc = Scenario.from_dict({"topology": topo, "run": {"job": job, "iterations": iterations, "seed": seed},
+                             "model": {**REAL, **(model or {})}, "fault": faults})
+    simulate(sc, store, start_ms=T0, progress=False)
+    return sc, run_once(store, job)
+
+
+def test_the_points_carry_the_shapes(embedded_store):
+    sc, _ = shaped(embedded_store, {"tp": 1, "pp": 2, "dp": 64, "ep": 8, "gpus_per_node": 8}, [],
+                   iterations=20)
+    df = embedded_store.read_stage_latency("shaped")
+    per_it = df.groupby(schema.ITERATION_FIELD)
+    assert per_it["time"].nunique().min() > 20          # each rank its own clock
+    spread = per_it["time"].agg(lambda t: t.max() - t.min())
+    assert spread.max() > 500                            # hosts apart by up to 2 s
+    assert len(df) < 20 * sc.topology.world               # points dropped
+    assert len(df) > 0.95 * 20 * sc.topology.world
+
+
+@pytest.mark.parametrize("store_kind", ["embedded", "influx"])
+def test_healthy_job_4608_ranks_no_incident(request, store_kind):
+    store = request.getfixturevalue(f"{store_kind}_store")
+    _, incidents = shaped(store, TOPO_4608, [])
+    assert incidents == []
+    health = store.read(schema.JOB_HEALTH, "shaped")
+    last = health.iloc[-1]
+    assert 0.985 < last["completeness"] < 0.995          # 1% dropped, counted, no incident
+    assert last["sporadic_stalls"] > 50                  # the stalls were seen, as noise
+    assert "noise, no incident" in last["sporadic_text"]
+
+
+@pytest.mark.parametrize("store_kind", ["embedded", "influx"])
+def test_one_node_straggler_4608_is_exactly_its_8_ranks(request, store_kind):
+    store = request.getfixturevalue(f"{store_kind}_store")
+    _, incidents = shaped(store, TOPO_4608, [{"kind": "compute_slowdown", "node": 301, "stage": "mlp",
+                                              "factor": 3.0, "start": 25}])
+    assert [(i["class"], i["ranks"]) for i in incidents] == [
+        ("compute_straggler", list(range(301 * 8, 302 * 8)))]
+
+
+@pytest.mark.parametrize("store_kind", ["embedded", "influx"])
+def test_silent_rank_4608_still_found(request, store_kind):
+    store = request.getfixturevalue(f"{store_kind}_store")
+    _, incidents = shaped(store, TOPO_4608, [{"kind": "silent_rank", "ranks": 3000, "start": 30}])
+    assert [(i["class"], i["ranks"]) for i in incidents] == [("silent_rank", [3000])]
+
+
+def test_12960_ranks_straggler_and_a_big_one_iteration_stall_on_the_real_influxdb(influx_store):
+    """IL-0477's shape under every collector shape at once, plus a 40x one-iteration stall."""
+    _, incidents = shaped(influx_store, TOPO_12960, [
+        {"kind": "compute_slowdown", "node": 1294, "stage": "mlp", "factor": 5.7, "start": 30},
+        {"kind": "transient_stall", "node": 100, "stage": "attention", "factor": 40.0, "start": 20,
+         "end": 21},
+    ], iterations=45)
+    got = sorted((i["class"], i["ranks"][0], len(i["ranks"])) for i in incidents)
+    assert got == [("compute_straggler", 10352, 8), ("transient_stall", 800, 8)]
+
+
+def test_12960_ranks_healthy_embedded(embedded_store):
+    _, incidents = shaped(embedded_store, TOPO_12960, [], iterations=45)
+    assert incidents == []
+
+
+def test_assembler_waits_for_skewed_hosts_and_counts_late_points():
+    asm = IterationAssembler(wait_ms=5_000)
+    a = pd.DataFrame({"time": [1000, 1010, 2900], "rank": [0, 1, 2], schema.ITERATION_FIELD: [1, 1, 1]})
+    asm.add(a.iloc[:2])
+    assert not len(asm.ready(expected=3))                # rank 2's host is 2 s ahead: not yet read
+    asm.add(a.iloc[2:])
+    assert asm.ready(expected=3)[schema.ITERATION_FIELD].tolist() == [1, 1, 1]
+    asm.add(pd.DataFrame({"time": [1005], "rank": [1], schema.ITERATION_FIELD: [1]}))   # too late
+    assert asm.counts.late_rows == 1 and asm.pending_iterations() == []
+    # an incomplete iteration goes on once the data is past it by the wait, in order
+    b = pd.DataFrame({"time": [40_000, 40_010, 70_000], "rank": [0, 1, 0], schema.ITERATION_FIELD: [2, 2, 3]})
+    asm.add(b)
+    assert asm.ready(expected=3)[schema.ITERATION_FIELD].tolist() == [2, 2]
+    assert asm.counts.short_iterations == 1
+    assert asm.ready(expected=3, now_ms=71_000).empty     # iteration 3: 1 s old, still waited for
+    assert asm.ready(expected=3, now_ms=76_000)[schema.ITERATION_FIELD].tolist() == [3]
+    assert np.array_equal(asm.pending_iterations(), [])
