@@ -95,7 +95,7 @@ class JobAnalyzer:
                 job_ms = float(np.nanmedian(np.where(present, np.nansum(values, axis=1), np.nan)))
         obs = Observation(iteration, time_ms, self.window, scores, self.floors.update(values),
                           self.balance.update(values), self.balance.last_ratio, present, self.l1_step,
-                          job_ms)
+                          job_ms, self.balance.static)
         incs = self._diag.update(obs)
         self.impact.push(iteration, it_med / 1000.0)
         # every open incident's cost grows with the iteration: it is written again

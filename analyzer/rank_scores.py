@@ -16,6 +16,11 @@ group their collective runs in (EP for dispatch/combine, DP for
 reduce_scatter/all_gather, the pipeline for p2p), which is the evidence of who
 waited and who arrived last.
 
+With DP groups of 2 the peers are the pipeline (or the node), ranks that run other
+layers; a cause cell is then hot only if the rank also stands ``min_change`` above
+its DP partner. A whole PP stage slow alike (both its DP ranks) is the pipeline's
+imbalance (:mod:`analyzer.stage_balance`), not a straggler.
+
 All of it is array arithmetic over ``[rank, stage]``.
 """
 
@@ -64,6 +69,8 @@ class RankScorer:
         self.prev_hot = np.zeros((n, s), dtype=bool)
         self.t = 0
         self._kinds = sorted(set(self.ref_kind))
+        # peers from other layers: the DP partner decides whether a rank stands out at all
+        self._dp_check = topo.dp >= 2 and peer_kind(topo) != "dp" and bool(self.cause.any())
 
     def ratios(self, values: np.ndarray) -> np.ndarray:
         """Each rank's value over its reference group's norm, ``[R, S]``.
@@ -88,6 +95,16 @@ class RankScorer:
                 ref = ref[self.topo.group_ids(kind)]
                 with np.errstate(all="ignore"):
                     out[:, cols] = np.where(ref > 0, v / ref, np.nan)
+        return out
+
+    def stands_out_in_dp(self, values: np.ndarray) -> np.ndarray:
+        """Bool ``[R, S]``: the rank's cause stage is ``min_change`` above its fastest DP peer."""
+        out = np.zeros(values.shape, dtype=bool)
+        cols = np.flatnonzero(self.cause)
+        v = values[:, cols]
+        fastest = group_quantiles(v, self.topo.members("dp"), 0.0)[self.topo.group_ids("dp")]
+        with np.errstate(invalid="ignore"):
+            out[:, cols] = v > fastest * (1.0 + self.cfg.min_change)
         return out
 
     def update(self, values: np.ndarray, present: np.ndarray) -> RankScores:
@@ -125,6 +142,8 @@ class RankScorer:
             # OS scheduler is not a fail-slow; a 40 ms mlp at 1.2x is)
             material = (values - values / ratio) >= cfg.min_excess_ms
         ok = material & present[:, None] & self.cause[None, :]
+        if self._dp_check:
+            ok &= self.stands_out_in_dp(values)
         # evidence against the rank's own past needs a past: until its baseline is trusted a
         # cell is hot only far above its group (a GPU that has always been a little slow must
         # become its own normal first, not latch hot from the first iteration)

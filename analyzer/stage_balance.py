@@ -4,9 +4,17 @@ When one pipeline stage gets more work (an uneven layer split, a heavier
 loss/embedding stage), its ranks are all equally slow, so no rank stands out
 inside its DP group; what stands out is the DP group itself against the other
 stages of the pipeline, and every other stage waits in pipeline bubbles. Each
-iteration the median of every DP group (a PP stage at one TP index) and
-compute stage is compared with its own baseline, relative to the median of all
-DP groups, vectorised over groups and stages.
+iteration the low quantile of every DP group (a PP stage at one TP index) and
+compute stage, relative to the median of all DP groups, is compared with
+
+- its own baseline: a stage that became ``min_change`` slower than it was;
+- the other stages, whatever the past: ``abs_ratio`` (1.5x) their median once
+  ``baseline_warmup`` iterations are in, a stage that has been long from the
+  first step (an uneven layer split, the loss and LM head on the last stage:
+  the "stage" stragglers of Lin et al., "Understanding Stragglers in Large
+  Model Training Using What-if Analysis", OSDI 2025);
+
+vectorised over groups and stages.
 
 Example::
 
@@ -22,6 +30,12 @@ Example::
     >>> hot = b.update(v)
     >>> np.argwhere(hot).tolist()           # [dp group, stage]
     [[2, 1]]
+    >>> b = PipelineBalanceScorer(t, DEFAULT_STAGES)
+    >>> v = np.full((32, len(DEFAULT_STAGES)), 40.0)
+    >>> v[t.pp_index == 3, 1] *= 1.6        # the last stage has been long from the start
+    >>> hots = [b.update(v) for _ in range(8)]
+    >>> np.argwhere(hots[-1]).tolist(), bool(b.static[3, 1]), round(float(b.last_ratio[3, 1]), 2)
+    ([[3, 1]], True, 1.6)
 """
 
 from __future__ import annotations
@@ -47,6 +61,9 @@ class PipelineBalanceScorer:
         self.base = Baseline((topo.group_count("dp"), len(stages)), alpha=self.cfg.baseline_alpha,
                              warmup=self.cfg.baseline_warmup)
         self.last_ratio = np.ones((topo.group_count("dp"), len(stages)))
+        #: Cells hot against the other stages only (long from the start, not a change).
+        self.static = np.zeros((topo.group_count("dp"), len(stages)), dtype=bool)
+        self.t = 0
 
     def update(self, values: np.ndarray) -> np.ndarray:
         """Bool ``[dp_group, stage]``: the group's stage is hot."""
@@ -58,9 +75,12 @@ class PipelineBalanceScorer:
             lg = np.log(med) - np.nanmedian(np.log(med), axis=0, keepdims=True)
         rel = self.base.deviation(lg)
         trusted = self.base.trusted()
+        self.t += 1
+        on = self.cause[None, :] & self.enabled
         with np.errstate(invalid="ignore"):
-            hot = (trusted & (rel > np.log1p(self.cfg.min_change)) & self.cause[None, :]
-                   & self.enabled)
-        self.base.update(lg, learn=~hot)
-        self.last_ratio = np.exp(rel)
-        return hot
+            changed = trusted & (rel > np.log1p(self.cfg.min_change)) & on
+            static = (lg > np.log(self.cfg.abs_ratio)) & on & (self.t > self.cfg.baseline_warmup)
+        self.base.update(lg, learn=~changed)
+        self.static = static & ~changed
+        self.last_ratio = np.where(self.static, np.exp(lg), np.exp(rel))
+        return changed | static

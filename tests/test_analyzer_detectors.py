@@ -112,3 +112,34 @@ def test_event_categories_match_words_not_fragments():
     assert category("IB port flapping") == "network"
     assert category("HostProbeFailed", "switch port facing the server down") == "network"
     assert category("HostProbeFailed", "probe timed out") is None
+
+
+def _pp4_dp2(stall_both: bool):
+    """8 ranks, pp=4 x dp=2 (one rank per worker): the last stage's mlp 1.6x on one or both ranks."""
+    from analyzer.rank_scores import RankScorer
+    from analyzer.stage_balance import PipelineBalanceScorer
+    from rankscope.schema import DEFAULT_STAGES
+
+    topo = Topology(tp=1, pp=4, dp=2, ep=1, gpus_per_node=8)
+    mlp = DEFAULT_STAGES.index("mlp")
+    rng = np.random.default_rng(3)
+    ranks, balance = RankScorer(topo, DEFAULT_STAGES), PipelineBalanceScorer(topo, DEFAULT_STAGES)
+    last = np.flatnonzero(topo.pp_index == 3)
+    for _ in range(12):
+        v = 400.0 * np.exp(rng.normal(0, 0.01, size=(topo.world, len(DEFAULT_STAGES))))
+        v[last if stall_both else last[:1], mlp] *= 1.6
+        scores, hot = ranks.update(v, np.ones(topo.world, bool)), balance.update(v)
+    return topo, last, scores.hot[:, mlp], hot[:, mlp], balance.static[:, mlp]
+
+
+def test_a_whole_stage_slow_from_the_start_is_the_pipelines_not_a_straggler():
+    topo, last, rank_hot, group_hot, static = _pp4_dp2(stall_both=True)
+    # both DP ranks of the last stage alike: no rank stands out against its DP partner ...
+    assert not rank_hot.any()
+    # ... and the stage stands out against the other stages, with no past to compare with
+    assert np.flatnonzero(group_hot).tolist() == [3] and static[3]
+
+
+def test_one_rank_of_a_dp_pair_slow_is_still_a_straggler():
+    topo, last, rank_hot, group_hot, static = _pp4_dp2(stall_both=False)
+    assert np.flatnonzero(rank_hot).tolist() == [int(last[0])]

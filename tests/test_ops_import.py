@@ -131,11 +131,6 @@ def test_st_names_only_the_last_stage(embedded_store, ops):
     assert any(set(i["ranks"]) == {6, 7} for i in incidents), describe(incidents)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the last stage is long from the trace's first step on: the pipeline-balance scorer compares "
-    "a stage with its own past and finds no change, while L2 compares ranks 6-7 with their "
-    "pipeline group (the other stages, other layers: compute_other 1.63x, z 49) and their node "
-    "(all 8 ranks), so the straggler rule names them a compute straggler (1.7x their node group)"))
 def test_st_is_a_pipeline_imbalance(embedded_store, ops):
     imported(embedded_store, ops, "ST")
     incidents = run_once(embedded_store, "ST")

@@ -20,7 +20,8 @@ class Observation:
     """One iteration's evidence.
 
     ``present[r]``: rank r reported; ``balance_hot[g, s]``/``balance_ratio``: the
-    pipeline-balance scorer's verdict per DP group and stage; ``l1_step``: the
+    pipeline-balance scorer's verdict per DP group and stage (``balance_static``: hot against
+    the other stages only, long from the start rather than a change); ``l1_step``: the
     job's open L1 step (``iteration``, ``before_ms``, ``after_ms``) or None; ``job_ms``: the
     job's iteration time this iteration (what a stall costs shows there).
     """
@@ -35,6 +36,7 @@ class Observation:
     present: np.ndarray
     l1_step: dict | None = None
     job_ms: float = float("nan")   # the job's iteration time (median over the ranks reporting)
+    balance_static: np.ndarray | None = None
 
     @property
     def hot(self) -> np.ndarray:

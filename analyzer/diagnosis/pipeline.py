@@ -1,8 +1,8 @@
-"""Rule: pipeline imbalance, a whole PP stage computing more than it used to.
+"""Rule: pipeline imbalance, a whole PP stage computing more than it used to or than the others.
 
 When one pipeline stage gets more work its ranks are all equally slow, so no
 rank stands out inside its DP group; the DP group itself stands out against
-the other stages (:class:`~analyzer.stage_balance.PipelineBalanceScorer`), and the
+its own past or, long from the start, against the other stages (:class:`~analyzer.stage_balance.PipelineBalanceScorer`), and the
 other stages wait in pipeline bubbles. An episode of hot DP groups that stays
 (Jaccard >= 0.5 from one iteration to the next) for ``transient_max + 1``
 iterations is an incident; it stays active while any group is hot.
@@ -32,7 +32,7 @@ from rankscope.topology import Topology, format_ranks
 
 
 class PipelineRule(Rule):
-    """A PP stage slower than its own past, relative to the other stages."""
+    """A PP stage slower than its own past, or far slower than the other stages."""
 
     classes = (IncidentClass.PIPELINE_IMBALANCE,)
 
@@ -61,16 +61,19 @@ class PipelineRule(Rule):
             if inc.cls == IncidentClass.PIPELINE_IMBALANCE and jaccard(np.asarray(inc.ranks), ep.ranks) >= 0.5:
                 return []
         pps = np.unique(self.topo.pp_index[ep.ranks])
+        static = obs.balance_static is not None and bool(obs.balance_static[groups[best], s])
+        share = ("the median of the other stages' share" if static else "their usual share")
         inc = culprit_incident(self.job, IncidentClass.PIPELINE_IMBALANCE, ep.ranks, self.topo, ep.onset,
                                ep.onset_ms, stage=ep.stage, ratio=float(ratio[groups[best], s]),
                                group_type="pipeline",
                                group_ranks=self.topo.group_ranks("pipeline", int(ep.ranks[0])).tolist())
         inc.evidence = {
-            "summary": (f"Pipeline stage(s) pp={format_ranks(pps)} take {inc.ratio:.2f}x their usual share of "
-                        f"{ep.stage} against the other stages, on all their ranks alike (no rank stands out "
+            "summary": (f"Pipeline stage(s) pp={format_ranks(pps)} take {inc.ratio:.2f}x {share} of "
+                        f"{ep.stage}, on all their ranks alike (no rank stands out "
                         f"in its DP group): the stage has more work, and the other stages wait in pipeline "
                         f"bubbles (pp_recv/pp_send)."),
             "stage": ep.stage, "ratio": round(inc.ratio, 3), "pp": pps.tolist(),
+            "against": "other_stages" if static else "own_past",
             "group": {"type": "pipeline", "ranks": format_ranks(inc.group_ranks)}, "l1": obs.l1_step,
         }
         inc = book.register(inc)
