@@ -29,7 +29,8 @@ EVENTS_TOKEN_ENV = "RANKSCOPE_EVENTS_TOKEN"
 NOC = "rankscope-noc"
 EVENTS = "rankscope-events"
 #: Incident classes that name a machine or a link to repair now.
-REPAIR_CLASSES = ("compute_straggler", "host_stall", "silent_rank", "link_degradation")
+REPAIR_CLASSES = ("compute_straggler", "arrival_straggler", "host_stall", "silent_rank",
+                  "link_degradation")
 #: Incident classes that come and go or call for tuning, not a repair.
 TUNING_CLASSES = ("pipeline_imbalance", "transient_stall")
 
