@@ -10,7 +10,10 @@ only to find *which* points are new; an iteration is identified by ``job`` + the
   row, so overlapping reads do no harm);
 - the oldest pending iteration is *ready* when every expected rank has reported, or when the
   data has moved ``wait_ms`` past it (a later iteration's typical time), or when the wall
-  clock has (a job that hangs, or whose last points never come);
+  clock has (a job that hangs, or whose last points never come). Expected are the ranks
+  the caller names and every rank the assembler has ever seen, late rows included; before
+  the caller knows the job (``expected=None``) an iteration goes on only by the wait: the
+  first iteration's points may be only those of the hosts whose clocks run behind;
 - iterations are handed on in order; rows of an iteration already handed on are late and
   are counted, not used (the iteration was judged without them).
 
@@ -20,10 +23,12 @@ spread plus the writers' flush interval, or points of skewed hosts are counted m
 Example::
 
     >>> import pandas as pd
-    >>> asm = IterationAssembler(wait_ms=5_000)
+    >>> asm = IterationAssembler(wait_ms=60_000)
     >>> rows = pd.DataFrame({"time": [1000, 1030, 31000], "rank": [0, 1, 0],
     ...                      "iteration": [1, 1, 2]})
     >>> asm.add(rows)
+    >>> len(asm.ready(expected=None))   # the job's size unknown: it waits
+    0
     >>> asm.ready(expected=2)["iteration"].tolist()   # iteration 1 complete; 2 lacks rank 1
     [1, 1]
     >>> asm.pending_iterations()
@@ -63,11 +68,19 @@ class IterationAssembler:
         self.last_iteration = -1          # the newest iteration handed on
         self.counts = AssemblyCounts()
         self._rows: pd.DataFrame | None = None
+        self._ranks = np.empty(0, dtype=np.int64)   # every rank ever seen (sorted)
+
+    @property
+    def ranks_seen(self) -> int:
+        """Ranks that have sent a row, late ones included."""
+        return len(self._ranks)
 
     def add(self, frame: pd.DataFrame) -> None:
         """Rows read from the store (any time range, overlaps and repeats allowed)."""
         if frame is None or not len(frame):
             return
+        if "rank" in frame.columns:
+            self._ranks = np.union1d(self._ranks, frame["rank"].to_numpy(dtype=np.int64))
         it = frame[IT].to_numpy(dtype=np.int64)
         late = it <= self.last_iteration
         if late.any():
@@ -91,8 +104,9 @@ class IterationAssembler:
     def ready(self, expected: int | None, now_ms: int | None = None, final: bool = False) -> pd.DataFrame:
         """The rows of the iterations ready now (removed from the assembler), oldest first.
 
-        ``expected``: ranks an iteration is complete with (None: the most any pending iteration
-        has); ``now_ms``: the wall clock; ``final`` hands on everything held."""
+        ``expected``: ranks an iteration is complete with, at least every rank seen so far
+        (None: not known yet, an iteration goes on by the wait only); ``now_ms``: the wall
+        clock; ``final`` hands on everything held."""
         rows = self._rows
         if rows is None or not len(rows):
             return pd.DataFrame()
@@ -101,11 +115,11 @@ class IterationAssembler:
         counts = np.bincount(idx, minlength=len(uniq))
         # an iteration's typical time: robust to a host whose clock runs seconds ahead
         t = pd.Series(rows["time"].to_numpy(dtype=np.int64)).groupby(idx).median().to_numpy()
-        need = int(counts.max()) if expected is None else int(expected)
+        need = max(int(counts.max()) if expected is None else int(expected), self.ranks_seen)
         if final:
             n = len(uniq)
         else:
-            complete = counts >= need
+            complete = counts >= need if expected is not None else np.zeros(len(uniq), dtype=bool)
             horizon = np.maximum.accumulate(t[::-1])[::-1]   # newest typical time at or after each
             later = np.r_[horizon[1:], -np.inf]              # ... strictly after it
             passed = later - t >= self.wait_ms
