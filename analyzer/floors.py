@@ -11,6 +11,12 @@ Each iteration, per communication stage, the floor of every group of the
 stage's kind is compared with its own baseline and with the median floor of
 all groups of that kind, in log space, vectorised over groups.
 
+A minimum is fragile to a missing member: when the rank that sets a group's floor (the
+pipeline stage that sends least, the last arriver) had its point dropped, the floor of the
+others is higher, and with 1% of points dropped many groups "rise" every iteration. A
+rank's missing value is therefore taken as its last one, for up to ``silent_after``
+iterations (after that the rank is silent, a matter for the silence rule).
+
 Example::
 
     >>> import numpy as np
@@ -63,12 +69,25 @@ class TransferFloorScorer:
                      if s.kind == "comm" and topo.group_size(s.group) > 1]
         self.base = {name: Baseline((topo.group_count(kind),), alpha=self.cfg.baseline_alpha,
                                     warmup=self.cfg.baseline_warmup) for _, name, kind in self.comm}
+        cols = [i for i, _, _ in self.comm]
+        self._cols = np.asarray(cols, dtype=np.int64)
+        self._last = np.full((topo.world, len(cols)), np.nan)   # each rank's last value
+        self._age = np.zeros((topo.world, len(cols)), dtype=np.int64)   # iterations since
+
+    def _filled(self, values: np.ndarray) -> np.ndarray:
+        """The comm columns with a dropped point taken as the rank's last value (recent only)."""
+        v = values[:, self._cols]
+        seen = ~np.isnan(v)
+        self._age = np.where(seen, 0, self._age + 1)
+        self._last = np.where(seen, v, self._last)
+        return np.where(seen | (self._age > self.cfg.silent_after), v, self._last)
 
     def update(self, values: np.ndarray) -> FloorScores:
         out = FloorScores([], [], [], [], [])
         cfg = self.cfg
-        for i, name, kind in self.comm:
-            g = values[:, i][self.topo.members(kind)]
+        filled = self._filled(values)
+        for j, (_, name, kind) in enumerate(self.comm):
+            g = filled[:, j][self.topo.members(kind)]
             with np.errstate(all="ignore"):
                 import warnings
                 with warnings.catch_warnings():
