@@ -104,3 +104,41 @@ def test_assembler_waits_for_skewed_hosts_and_counts_late_points():
     assert asm.ready(expected=3, now_ms=71_000).empty     # iteration 3: 1 s old, still waited for
     assert asm.ready(expected=3, now_ms=76_000)[schema.ITERATION_FIELD].tolist() == [3]
     assert np.array_equal(asm.pending_iterations(), [])
+
+
+def test_the_first_read_holding_only_hosts_behind_does_not_lock_the_others_out():
+    # a live reader's first read: only the hosts whose clocks run behind have stamped
+    # iteration 0 by its time; the job's size is not known yet
+    asm = IterationAssembler(wait_ms=15_000)
+    it0 = pd.DataFrame({"time": [1000] * 4 + [1900] * 4, "rank": range(8), schema.ITERATION_FIELD: [0] * 8})
+    asm.add(it0.iloc[:4])
+    assert not len(asm.ready(expected=None, now_ms=1500))     # waits, not "complete with 4"
+    asm.add(it0.iloc[4:])
+    it1 = pd.DataFrame({"time": [31_000] * 4 + [31_900] * 4, "rank": range(8), schema.ITERATION_FIELD: [1] * 8})
+    asm.add(it1.iloc[:4])
+    first = asm.ready(expected=None, now_ms=31_500)            # the data moved 30 s past it
+    assert first[schema.ITERATION_FIELD].tolist() == [0] * 8
+    # the caller's count of ranks may lag: every rank the assembler ever saw is expected
+    assert not len(asm.ready(expected=4, now_ms=31_500))       # iteration 1 lacks ranks 4-7
+    asm.add(it1.iloc[4:])
+    assert len(asm.ready(expected=4, now_ms=32_000)) == 8 and asm.counts.late_rows == 0
+
+
+def test_a_dropped_point_that_set_a_floor_does_not_raise_it():
+    # the rank that sends least in its pipeline sets the p2p floor; its point dropped, the
+    # floor is not the others' (1% of points dropped made many groups "rise" every iteration)
+    from analyzer.floors import TransferFloorScorer
+    from rankscope.schema import DEFAULT_STAGES
+    from rankscope.topology import Topology
+
+    topo = Topology(tp=1, pp=4, dp=4, ep=1, gpus_per_node=4)
+    send = DEFAULT_STAGES.index("pp_send")
+    f = TransferFloorScorer(topo, DEFAULT_STAGES)
+    v = np.full((topo.world, len(DEFAULT_STAGES)), 5.0)
+    v[topo.pp_index == 3, send] = 0.5                          # the last stage sends least
+    for _ in range(8):
+        f.update(v)
+    dropped = v.copy()
+    dropped[topo.pp_index == 3] = np.nan                       # the last stage's points dropped
+    scores = f.update(dropped)
+    assert not scores.risen[scores.stage.index("pp_send")].any()
