@@ -4,7 +4,8 @@ The analyzer's I/O, through the store (the rollups it writes from stored points 
 :mod:`analyzer.rollup_writer`). Each cycle, per job:
 
 1. find the new ``stage_latency`` points by time (from a margin before the newest point read,
-   for late writers), in chunks of about ``chunk_iterations`` iterations, and read contiguous
+   for late writers), in chunks of about ``chunk_iterations`` iterations (fewer in a job so
+   large that a read would outgrow :data:`~analyzer.read_size.MAX_READ_ROWS`), and read contiguous
    time ranges: each rank stamps its own clock, so one iteration's points spread over
    milliseconds to seconds;
 2. assemble whole iterations by their ``iteration`` field (:mod:`analyzer.assembly`): an
@@ -41,6 +42,7 @@ from analyzer.assembly import IterationAssembler
 from analyzer.config import AnalyzerConfig
 from analyzer.engine import JobAnalyzer
 from analyzer.events import OutOfBandEvent
+from analyzer.read_size import MAX_READ_ROWS, iterations_per_read
 from analyzer.rollup_writer import write_windows
 from analyzer.rollups import closed_windows, incident_host_frame, rollup_frames, window_span
 from rankscope import schema
@@ -74,18 +76,20 @@ class AnalyzerService:
     def __init__(self, store: Store, config: AnalyzerConfig | None = None, stages: StageSet | None = None,
                  jobs: list[str] | None = None, topology: Topology | None = None,
                  chunk_iterations: int = 20, progress: bool = False,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, max_read_rows: int = MAX_READ_ROWS):
         self.store = store
         self.cfg = config or AnalyzerConfig()
         self.stages = stages
         self.jobs = jobs
         self.topology = topology
         self.chunk = chunk_iterations
+        self.max_read_rows = max_read_rows
         self.progress = progress
         self.clock = clock   # wall clock (s): closes the windows of a job that stopped writing
         self.analyzers: dict[str, JobAnalyzer] = {}
         self.assemblers: dict[str, IterationAssembler] = {}   # whole iterations out of the points
         self.read_until: dict[str, int] = {}   # time (ms) of the newest point read
+        self.ranks_seen: dict[str, int] = {}   # ranks of a job's points, which sizes its reads
         self._late_logged: dict[str, int] = {}
         self.windows_done: dict[str, int] = {}   # end (ms) of the rollup_host_5m windows written
 
@@ -145,14 +149,18 @@ class AnalyzerService:
         while not tail:
             t0 = time.perf_counter()
             # which points are new, by time; the probe series gives about one time per iteration
-            times = self.store.next_times(schema.STAGE_LATENCY, job, cursor, self.chunk)
-            tail = len(times) < self.chunk   # then read on to the newest point of any rank
+            n = iterations_per_read(ja.topo.world if ja is not None else self.ranks_seen.get(job), self.chunk,
+                                    self.max_read_rows)
+            times = self.store.next_times(schema.STAGE_LATENCY, job, cursor, n)
+            tail = len(times) < n   # then read on to the newest point of any rank
             if tail and cursor is None and not times:
                 break
             start = None if cursor is None else cursor + 1
             frame = self.store.read_stage_latency(job, start_ms=start, end_ms=None if tail else times[-1])
             report.read_s += time.perf_counter() - t0
             if len(frame):
+                if "rank" in frame.columns:
+                    self.ranks_seen[job] = max(self.ranks_seen.get(job, 0), int(frame["rank"].nunique()))
                 cursor = max(int(frame["time"].max()), cursor if cursor is not None else int(frame["time"].max()))
                 if cut:
                     frame = frame[frame[schema.ITERATION_FIELD] > frame[schema.ITERATION_FIELD].min()]

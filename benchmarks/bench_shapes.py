@@ -91,7 +91,7 @@ def run(ctx) -> str:
         reads.append(_read_cost(EmbeddedStore(Path(d) / "s.db"), {"tp": 1, "pp": 9, "dp": 1440, "ep": 32,
                                                                   "gpus_per_node": 8}, "embedded"))
     for topo in ({"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8},
-                 {"tp": 1, "pp": 10, "dp": 10000, "ep": 32, "gpus_per_node": 8}):
+                 {"tp": 1, "pp": 10, "dp": 10000, "ep": 16, "gpus_per_node": 8}):
         st = InfluxStore(ctx.influx_url, bucket=f"shapes_{uuid.uuid4().hex[:8]}", api="v1")
         try:
             reads.append(_read_cost(st, topo, "InfluxDB 1.6.7"))

@@ -54,6 +54,29 @@ def test_restart_in_the_middle_of_an_incident_does_not_duplicate_it(influx_store
     assert restarted.impact.gpu_hours_lost == pytest.approx(whole.impact.gpu_hours_lost, rel=0.01)
 
 
+def test_reads_are_bounded_by_rows_and_find_the_same(influx_store, monkeypatch):
+    # at 100,000 ranks 20 iterations are 2,000,000 rows, longer than a request may take: a
+    # read holds at most max_read_rows rows; here 3 iterations' worth of this job
+    scenario = load_scenario("compute-slowdown").with_overrides(iterations=30)
+    sim = ClusterSimulator(scenario)
+    _write(influx_store, sim, 28)
+    world = scenario.topology.world
+    sizes = []
+    read = influx_store.read_stage_latency
+
+    def counted(*args, **kwargs):
+        frame = read(*args, **kwargs)
+        sizes.append(frame[schema.ITERATION_FIELD].nunique() if len(frame) else 0)
+        return frame
+
+    monkeypatch.setattr(influx_store, "read_stage_latency", counted)
+    svc = AnalyzerService(influx_store, max_read_rows=3 * world)
+    svc.cycle()
+    assert sizes[0] == 1 and max(sizes) == 3 and sum(sizes) == 28     # one, then three at a time
+    (inc,) = svc.incidents()
+    assert inc.ranks == [1379] and svc.analyzers[scenario.job].last_iteration == 27
+
+
 def test_incomplete_last_iteration_is_held_back(influx_store):
     scenario = load_scenario("compute-slowdown").with_overrides(iterations=20)
     sim = ClusterSimulator(scenario)

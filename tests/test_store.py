@@ -378,3 +378,27 @@ def test_v2_writes_what_is_kept_long_to_the_long_bucket(monkeypatch, retention, 
     (incident_path, incident_body), (raw_path, _) = writes
     assert incident_body.startswith("incident,") and f"bucket={bucket}" in incident_path + "&"
     assert "bucket=rankscope&" in raw_path + "&"   # raw points: the bucket itself
+
+
+def test_next_times_reuses_its_probe_over_a_backlog_and_finds_another_when_its_rank_stops(influx_store,
+                                                                                          monkeypatch):
+    sch = schema
+
+    def points(ranks, times, first=0):
+        return pd.DataFrame([{"time": t + r, "job": "p", "rank": r, sch.ITERATION_FIELD: first + i,
+                              "attention": 1.0} for i, t in enumerate(times) for r in ranks])
+
+    t0 = 1_770_000_000_000
+    influx_store.write_stage_latency(points([0, 1, 2, 3], [t0 + 1000 * i for i in range(10)]))
+    probes = []
+    find = influx_store._probe
+    monkeypatch.setattr(influx_store, "_probe", lambda m, j: probes.append(j) or find(m, j))
+    first = influx_store.next_times(sch.STAGE_LATENCY, "p", None, 3)
+    second = influx_store.next_times(sch.STAGE_LATENCY, "p", first[-1], 3)
+    assert first == [t0 + 3, t0 + 1003, t0 + 2003] and second == [t0 + 3003, t0 + 4003, t0 + 5003]
+    assert len(probes) == 1                        # the backlog's second chunk reused it
+    # rank 3 stops; ranks 0-2 go on: the probe is looked for again, and the times go on
+    later = [t0 + 1000 * i for i in range(10, 14)]
+    influx_store.write_stage_latency(points([0, 1, 2], later, first=10))
+    nxt = influx_store.next_times(sch.STAGE_LATENCY, "p", t0 + 9003, 3)
+    assert nxt == [t0 + 10_002, t0 + 11_002, t0 + 12_002] and len(probes) == 2
