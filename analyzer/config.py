@@ -66,7 +66,8 @@ class AnalyzerConfig:
     data or the clock is ``iteration_wait_s`` past it (more than the hosts' clock spread plus
     the writers' flush interval).
 
-    Sporadic stalls: a transient stall is an incident only when the job's iteration time rose
+    Sporadic stalls: in a job that stalls rarely (fewer than ``stall_rare`` stalls an iteration
+    so far) every transient stall is an incident; otherwise a transient stall is an incident only when the job's iteration time rose
     beyond its own jitter (the level around it + 3 robust sigmas) by at least
     ``stall_min_excess`` of an iteration or ``stall_min_gpu_hours`` in all, or when the same ranks stall
     ``stall_repeat`` times within ``reopen_within`` iterations; the rest are counted in one
@@ -107,6 +108,7 @@ class AnalyzerConfig:
     stall_min_excess: float = 0.10
     stall_min_gpu_hours: float = 50.0
     stall_repeat: int = 3
+    stall_rare: float = 0.05
     event_lookback: int = 5
     history: int = 40
 

@@ -10,7 +10,8 @@ Real jobs stall sporadically on random ranks (Python GC, page faults, OS jitter:
 stragglers in large fleets are not hardware, per the what-if study of ByteDance's fleet,
 Lin et al., "Understanding Stragglers in Large Model Training Using What-if Analysis",
 OSDI 2025). A 12,960-rank job draws dozens of those an iteration; an incident for each is an
-alert storm. So a stall is an incident only when it costs the job something beyond its own
+alert storm. So, in a job that stalls somewhere more than ``stall_rare`` times an iteration,
+a stall is an incident only when it costs the job something beyond its own
 jitter (its iteration time rose ``stall_min_excess`` above the level around it plus 3 robust
 sigmas of the iteration-to-iteration jitter, or ``stall_min_gpu_hours`` in all) or the same ranks stall ``stall_repeat`` times within
 ``reopen_within`` iterations, and more often than the job's own sporadic-stall rate makes
@@ -166,10 +167,14 @@ class TransientStallRule(Rule):
         """Count a stall of ``ranks``; whether one of them stalled ``stall_repeat`` times with
         at most ``reopen_within`` iterations between stalls."""
         near = iteration - self.stall_last[ranks] <= self.cfg.reopen_within
+        own = int(np.where(near, self.stall_count[ranks], 0).sum())   # these ranks' recent stalls
         self.stall_count[ranks] = np.where(near, self.stall_count[ranks] + 1, 1)
         self.stall_last[ranks] = iteration
+        # the job's rate without these ranks' own stalls: a GPU that stalls often must not
+        # raise its own bar
+        others = max(1, (self.topo.world - len(ranks)) * self.iterations)
+        rate = max(0, self.stalled_cells - own) / others
         self.stalled_cells += len(ranks)
-        rate = self.stalled_cells / max(1, self.topo.world * self.iterations)
         need = repeats_needed(rate, self.cfg.reopen_within, self.topo.world, max(1, self.cfg.stall_repeat))
         return bool((self.stall_count[ranks] >= need).any())
 
@@ -183,6 +188,11 @@ class TransientStallRule(Rule):
         ended &= (cells.peak >= cfg.abs_ratio) & (cells.peak_z >= cfg.transient_z)
         if not ended.any():
             return []
+        # a job that rarely stalls (fewer than ``stall_rare`` stalls an iteration so far, once
+        # there is a history to say so): a stall is news whatever it cost; the cost gate is for
+        # jobs that stall somewhere every iteration
+        rare = (self.iterations > max(3, cfg.l1_min_history)
+                and self.stalled_cells / (self.iterations - 1) < cfg.stall_rare)
         parts = []   # (ranks, onsets, stage index, cost fraction, GPU-hours, repeated, lost ms)
         ranks_c, stages_c = np.nonzero(ended)
         for s in np.unique(stages_c):
@@ -197,7 +207,8 @@ class TransientStallRule(Rule):
         # every stall ending now includes the last iteration, so the job's excess there is
         # charged to the one that lost the most (a 40x stall on a node explains it, not a 2x
         # blip on one rank beside it); the others are incidents only when they keep coming back
-        costly = [k for k, p in enumerate(parts) if p[3] >= cfg.stall_min_excess or p[4] >= cfg.stall_min_gpu_hours]
+        costly = [k for k, p in enumerate(parts)
+                  if rare or p[3] >= cfg.stall_min_excess or p[4] >= cfg.stall_min_gpu_hours]
         charged = max(costly, key=lambda k: parts[k][6]) if costly else -1
         out = []
         for k, (part_r, part_o, s, _, _, repeated, _) in enumerate(parts):
