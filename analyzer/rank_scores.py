@@ -17,9 +17,11 @@ reduce_scatter/all_gather, the pipeline for p2p), which is the evidence of who
 waited and who arrived last.
 
 With DP groups of 2 the peers are the pipeline (or the node), ranks that run other
-layers; a cause cell is then hot only if the rank also stands ``min_change`` above
-its DP partner. A whole PP stage slow alike (both its DP ranks) is the pipeline's
-imbalance (:mod:`analyzer.stage_balance`), not a straggler.
+layers; evidence against the group alone (``abs_ratio``, no change against the rank's
+past) then counts only if the rank also stands ``min_change`` above its DP partner (a
+partner with no point this iteration vetoes nothing). A whole PP stage long alike from
+the start (both its DP ranks) is the pipeline's imbalance (:mod:`analyzer.stage_balance`),
+not a straggler; a change (a node that throttles, even one holding both partners) still is.
 
 All of it is array arithmetic over ``[rank, stage]``.
 """
@@ -70,7 +72,10 @@ class RankScorer:
         self.t = 0
         self._kinds = sorted(set(self.ref_kind))
         # peers from other layers: the DP partner decides whether a rank stands out at all
-        self._dp_check = topo.dp >= 2 and peer_kind(topo) != "dp" and bool(self.cause.any())
+        self._dp_check = topo.dp == 2 and peer_kind(topo) != "dp" and bool(self.cause.any())
+        if self._dp_check:
+            m = topo.members("dp")[topo.group_ids("dp")]           # [R, 2]
+            self._partner = np.where(m[:, 0] == topo.ranks, m[:, 1], m[:, 0])
 
     def ratios(self, values: np.ndarray) -> np.ndarray:
         """Each rank's value over its reference group's norm, ``[R, S]``.
@@ -98,14 +103,11 @@ class RankScorer:
         return out
 
     def stands_out_in_dp(self, values: np.ndarray) -> np.ndarray:
-        """Bool ``[R, S]``: the rank's cause stage is ``min_change`` above its fastest DP peer."""
-        out = np.zeros(values.shape, dtype=bool)
-        cols = np.flatnonzero(self.cause)
-        v = values[:, cols]
-        fastest = group_quantiles(v, self.topo.members("dp"), 0.0)[self.topo.group_ids("dp")]
+        """Bool ``[R, S]`` (DP groups of 2): the rank stands ``min_change`` above its DP partner,
+        or the partner has no value to compare with."""
+        partner = values[self._partner]
         with np.errstate(invalid="ignore"):
-            out[:, cols] = v > fastest * (1.0 + self.cfg.min_change)
-        return out
+            return ~(values <= partner * (1.0 + self.cfg.min_change))
 
     def update(self, values: np.ndarray, present: np.ndarray) -> RankScores:
         cfg = self.cfg
@@ -143,7 +145,7 @@ class RankScorer:
             material = (values - values / ratio) >= cfg.min_excess_ms
         ok = material & present[:, None] & self.cause[None, :]
         if self._dp_check:
-            ok &= self.stands_out_in_dp(values)
+            hot_abs &= self.stands_out_in_dp(values)
         # evidence against the rank's own past needs a past: until its baseline is trusted a
         # cell is hot only far above its group (a GPU that has always been a little slow must
         # become its own normal first, not latch hot from the first iteration)

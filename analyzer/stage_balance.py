@@ -8,8 +8,9 @@ iteration the low quantile of every DP group (a PP stage at one TP index) and
 compute stage, relative to the median of all DP groups, is compared with
 
 - its own baseline: a stage that became ``min_change`` slower than it was;
-- the other stages, whatever the past: ``abs_ratio`` (1.5x) their median once
-  ``baseline_warmup`` iterations are in, a stage that has been long from the
+- the other stages, whatever the past (compute stages only; host stages differ between
+  stages by design): ``abs_ratio`` (1.5x) and ``min_excess_ms`` above the median of the
+  other stages once ``baseline_warmup`` iterations are in, a stage that has been long from the
   first step (an uneven layer split, the loss and LM head on the last stage:
   the "stage" stragglers of Lin et al., "Understanding Stragglers in Large
   Model Training Using What-if Analysis", OSDI 2025);
@@ -57,6 +58,9 @@ class PipelineBalanceScorer:
     def __init__(self, topo: Topology, stages: StageSet, config: AnalyzerConfig | None = None):
         self.topo, self.cfg = topo, config or AnalyzerConfig()
         self.cause = np.array([s.kind in ("compute", "host") for s in stages])
+        # host stages (the data loader on the first stage only, the optimizer) differ between
+        # stages by design: only compute is compared with the other stages
+        self.compute = np.array([s.kind == "compute" for s in stages])
         self.enabled = topo.pp >= 2
         self.base = Baseline((topo.group_count("dp"), len(stages)), alpha=self.cfg.baseline_alpha,
                              warmup=self.cfg.baseline_warmup)
@@ -77,10 +81,27 @@ class PipelineBalanceScorer:
         trusted = self.base.trusted()
         self.t += 1
         on = self.cause[None, :] & self.enabled
+        others = _median_of_others(med)
         with np.errstate(invalid="ignore"):
             changed = trusted & (rel > np.log1p(self.cfg.min_change)) & on
-            static = (lg > np.log(self.cfg.abs_ratio)) & on & (self.t > self.cfg.baseline_warmup)
+            # against the median of the *other* stages (with pp=2 the median of both is their
+            # midpoint), by abs_ratio and by at least min_excess_ms
+            lo = np.log(med) - np.log(others)
+            static = ((lo > np.log(self.cfg.abs_ratio)) & (med - others >= self.cfg.min_excess_ms)
+                      & self.compute[None, :] & self.enabled & (self.t > self.cfg.baseline_warmup))
         self.base.update(lg, learn=~changed)
         self.static = static & ~changed
-        self.last_ratio = np.where(self.static, np.exp(lg), np.exp(rel))
+        with np.errstate(all="ignore"):
+            self.last_ratio = np.where(self.static, np.exp(lo), np.exp(rel))
         return changed | static
+
+
+def _median_of_others(med: np.ndarray) -> np.ndarray:
+    """``[G, S]``: for every group, the median over the other groups (NaN-aware)."""
+    g = med.shape[0]
+    if g < 2:
+        return np.full(med.shape, np.nan)
+    idx = np.array([np.r_[0:i, i + 1:g] for i in range(g)])   # [G, G-1]: G is pp x tp, small
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(med[idx], axis=1)

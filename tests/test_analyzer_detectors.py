@@ -143,3 +143,23 @@ def test_a_whole_stage_slow_from_the_start_is_the_pipelines_not_a_straggler():
 def test_one_rank_of_a_dp_pair_slow_is_still_a_straggler():
     topo, last, rank_hot, group_hot, static = _pp4_dp2(stall_both=False)
     assert np.flatnonzero(rank_hot).tolist() == [int(last[0])]
+
+
+def test_a_node_holding_both_dp_partners_that_throttles_is_still_a_straggler():
+    # DP groups of 2 on one 2-GPU node: the partners slow alike, but it is a change against
+    # their own past (a throttling node), not a stage long from the start
+    from analyzer.rank_scores import RankScorer
+    from rankscope.schema import DEFAULT_STAGES
+
+    topo = Topology(tp=1, pp=4, dp=2, ep=1, gpus_per_node=2)
+    first = np.flatnonzero(topo.pp_index == 0)
+    assert len(set(topo.node_index[first])) == 1
+    mlp = DEFAULT_STAGES.index("mlp")
+    rng = np.random.default_rng(4)
+    scorer = RankScorer(topo, DEFAULT_STAGES)
+    for t in range(16):
+        v = 400.0 * np.exp(rng.normal(0, 0.01, size=(topo.world, len(DEFAULT_STAGES))))
+        if t >= 10:
+            v[first, mlp] *= 1.6
+        hot = scorer.update(v, np.ones(topo.world, bool)).hot[:, mlp]
+    assert np.flatnonzero(hot).tolist() == first.tolist()
