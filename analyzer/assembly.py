@@ -15,7 +15,9 @@ only to find *which* points are new; an iteration is identified by ``job`` + the
   the caller knows the job (``expected=None``) an iteration goes on only by the wait: the
   first iteration's points may be only those of the hosts whose clocks run behind;
 - iterations are handed on in order; rows of an iteration already handed on are late and
-  are counted, not used (the iteration was judged without them).
+  are counted once, not used (the iteration was judged without them); a row read again
+  (reads overlap by a margin, for late writers) is not late. Iterations before a reader's
+  start (:meth:`skip_through`) are ignored, not late.
 
 ``wait_ms`` bounds how long a missing point is waited for. It must exceed the host clocks'
 spread plus the writers' flush interval, or points of skewed hosts are counted missing.
@@ -45,6 +47,8 @@ import pandas as pd
 from rankscope import schema
 
 IT = schema.ITERATION_FIELD
+#: Iterations handed on whose ranks are remembered (re-reads reach a couple of minutes back).
+HANDED_KEPT = 32
 
 
 @dataclass
@@ -69,6 +73,14 @@ class IterationAssembler:
         self.counts = AssemblyCounts()
         self._rows: pd.DataFrame | None = None
         self._ranks = np.empty(0, dtype=np.int64)   # every rank ever seen (sorted)
+        self._handed: dict[int, np.ndarray] = {}     # recent iterations handed on: their ranks
+        self._skip = -1                              # iterations up to this are not ours
+
+    def skip_through(self, iteration: int) -> None:
+        """Ignore iterations up to ``iteration`` (a reader starting inside the data: its oldest
+        iteration is partial, and the rest of it, read later, is not late)."""
+        self._skip = max(self._skip, int(iteration))
+        self.last_iteration = max(self.last_iteration, int(iteration))
 
     @property
     def ranks_seen(self) -> int:
@@ -84,12 +96,26 @@ class IterationAssembler:
         it = frame[IT].to_numpy(dtype=np.int64)
         late = it <= self.last_iteration
         if late.any():
-            self.counts.late_rows += int(late.sum())
+            self._count_late(frame.loc[late & (it > self._skip)])
             frame = frame.loc[~late]
         if not len(frame):
             return
         rows = frame if self._rows is None else pd.concat([self._rows, frame], ignore_index=True)
         self._rows = rows.drop_duplicates([IT, "rank"], keep="last").reset_index(drop=True)
+
+    def _count_late(self, late: pd.DataFrame) -> None:
+        """Count the rows of iterations handed on that were not there when they were."""
+        if not len(late):
+            return
+        its = late[IT].to_numpy(dtype=np.int64)
+        ranks = late["rank"].to_numpy(dtype=np.int64) if "rank" in late.columns else np.zeros(len(late), np.int64)
+        for i in np.unique(its):
+            r = np.unique(ranks[its == i])
+            had = self._handed.get(int(i))
+            new = r if had is None else r[~np.isin(r, had)]
+            self.counts.late_rows += len(new)
+            if had is not None:
+                self._handed[int(i)] = np.union1d(had, new)
 
     def pending_iterations(self) -> list[int]:
         """Iterations held, oldest first."""
@@ -131,6 +157,12 @@ class IterationAssembler:
             return pd.DataFrame()
         take = it <= uniq[n - 1]
         out, rest = rows.loc[take], rows.loc[~take]
+        if "rank" in out.columns:   # what went on, for telling a late row from a re-read one
+            o_it, o_r = out[IT].to_numpy(dtype=np.int64), out["rank"].to_numpy(dtype=np.int64)
+            for i in uniq[:n]:
+                self._handed[int(i)] = np.unique(o_r[o_it == i])
+            for old in sorted(self._handed)[:-HANDED_KEPT]:
+                del self._handed[old]
         self._rows = rest.reset_index(drop=True) if len(rest) else None
         self.last_iteration = int(uniq[n - 1])
         self.counts.rows += len(out)

@@ -89,7 +89,6 @@ class AnalyzerService:
         self.analyzers: dict[str, JobAnalyzer] = {}
         self.assemblers: dict[str, IterationAssembler] = {}   # whole iterations out of the points
         self.read_until: dict[str, int] = {}   # time (ms) of the newest point read
-        self.ranks_seen: dict[str, int] = {}   # ranks of a job's points, which sizes its reads
         self._late_logged: dict[str, int] = {}
         self.windows_done: dict[str, int] = {}   # end (ms) of the rollup_host_5m windows written
 
@@ -134,6 +133,7 @@ class AnalyzerService:
         cut = False   # the first read starts inside the data: its oldest iteration may be partial
         if asm is None:
             asm = self.assemblers[job] = IterationAssembler(int(self.cfg.iteration_wait_s * 1000))
+        if job not in self.read_until:   # nothing read yet (or the first cycle failed)
             cursor = self._replay_start(job)
             cut = cursor is not None
         else:   # again from a margin before what was read: points written late are read too
@@ -149,8 +149,8 @@ class AnalyzerService:
         while not tail:
             t0 = time.perf_counter()
             # which points are new, by time; the probe series gives about one time per iteration
-            n = iterations_per_read(ja.topo.world if ja is not None else self.ranks_seen.get(job), self.chunk,
-                                    self.max_read_rows)
+            # one iteration at a time until the job's size is known from a whole iteration
+            n = iterations_per_read(ja.topo.world if ja is not None else None, self.chunk, self.max_read_rows)
             times = self.store.next_times(schema.STAGE_LATENCY, job, cursor, n)
             tail = len(times) < n   # then read on to the newest point of any rank
             if tail and cursor is None and not times:
@@ -159,11 +159,9 @@ class AnalyzerService:
             frame = self.store.read_stage_latency(job, start_ms=start, end_ms=None if tail else times[-1])
             report.read_s += time.perf_counter() - t0
             if len(frame):
-                if "rank" in frame.columns:
-                    self.ranks_seen[job] = max(self.ranks_seen.get(job, 0), int(frame["rank"].nunique()))
                 cursor = max(int(frame["time"].max()), cursor if cursor is not None else int(frame["time"].max()))
-                if cut:
-                    frame = frame[frame[schema.ITERATION_FIELD] > frame[schema.ITERATION_FIELD].min()]
+                if cut:   # the oldest iteration read is partial: it, and the rest of it read later, go
+                    asm.skip_through(int(frame[schema.ITERATION_FIELD].min()))
                     cut = False
             elif times:
                 cursor = times[-1]

@@ -70,22 +70,18 @@ def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
     ``progress``, a bar of the iterations done on a terminal (stderr)."""
     report = BackfillReport(job, 0, {})
     cursor, topo = since_ms - 1, None
-    ranks: int | None = None   # ranks of the points read so far: sizes the reads
     bar = tqdm(desc=f"rollup {job}", unit="it", disable=None if progress else True, leave=False,
                dynamic_ncols=True)
     asm = IterationAssembler()   # each rank stamps its own clock: whole iterations by their field
     with bar:
         tail = False
         while not tail:
-            n = iterations_per_read(topo.world if topo is not None else ranks, chunk_iterations)
+            n = iterations_per_read(topo.world if topo is not None else None, chunk_iterations)
             times = store.next_times(schema.STAGE_LATENCY, job, cursor, n)
             times = [t for t in times if until_ms is None or t <= until_ms]
             tail = len(times) < n   # then read on to the range's end
             end = until_ms if tail else times[-1]
-            read = store.read_stage_latency(job, start_ms=cursor + 1, end_ms=end)
-            if len(read) and "rank" in read.columns:
-                ranks = max(ranks or 0, int(read["rank"].nunique()))
-            asm.add(read)
+            asm.add(store.read_stage_latency(job, start_ms=cursor + 1, end_ms=end))
             cursor = end if end is not None else cursor
             frame = asm.ready(None, final=tail)
             if len(frame):

@@ -94,7 +94,11 @@ def test_assembler_waits_for_skewed_hosts_and_counts_late_points():
     assert not len(asm.ready(expected=3))                # rank 2's host is 2 s ahead: not yet read
     asm.add(a.iloc[2:])
     assert asm.ready(expected=3)[schema.ITERATION_FIELD].tolist() == [1, 1, 1]
-    asm.add(pd.DataFrame({"time": [1005], "rank": [1], schema.ITERATION_FIELD: [1]}))   # too late
+    asm.add(a)                                           # read again (reads overlap): not late
+    assert asm.counts.late_rows == 0 and asm.pending_iterations() == []
+    late = pd.DataFrame({"time": [1005], "rank": [3], schema.ITERATION_FIELD: [1]})   # too late
+    asm.add(late)
+    asm.add(late)
     assert asm.counts.late_rows == 1 and asm.pending_iterations() == []
     # an incomplete iteration goes on once the data is past it by the wait, in order
     b = pd.DataFrame({"time": [40_000, 40_010, 70_000], "rank": [0, 1, 0], schema.ITERATION_FIELD: [2, 2, 3]})
