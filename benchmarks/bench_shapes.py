@@ -62,7 +62,7 @@ def _stragglers() -> list[str]:
 
     rows = ["| trace | what the paper says | rankscope's incidents |", "|---|---|---|"]
     said = {"AR": "an injected slow worker", "ST": "a long last pipeline stage", "SE": "sequence-length imbalance "
-            "over all workers: no culprit"}
+            "over all workers: no culprit (second to it, a long last stage)"}
     for name in ("AR", "ST", "SE"):
         meta = read_meta(DATA / f"meta-{name}.yaml")
         ops = load([DATA / f"trace-{name}.parquet"])
