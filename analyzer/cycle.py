@@ -261,8 +261,12 @@ class AnalyzerService:
             return fresh
         if not ja.topo.same_placement(topo):
             moved = np.flatnonzero(ja.topo.node_index != topo.node_index)
-            log.warning("job %s: rank placement changed (%d rank(s) on other nodes; hosts now %s...)",
-                        ja.job, len(moved), ", ".join((topo.hosts or ())[:3]))
+            if len(moved):
+                log.warning("job %s: rank placement changed (%d rank(s) on other nodes; hosts now %s...)",
+                            ja.job, len(moved), ", ".join((topo.hosts or ())[:3]))
+            else:   # same nodes, their names now complete (the first iteration lacked some ranks)
+                log.info("job %s: host names of the placement updated (no rank moved; hosts now %s...)",
+                         ja.job, ", ".join((topo.hosts or ())[:3]))
             ja.replace_placement(topo)
         return ja
 
