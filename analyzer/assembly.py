@@ -91,8 +91,7 @@ class IterationAssembler:
         """Rows read from the store (any time range, overlaps and repeats allowed)."""
         if frame is None or not len(frame):
             return
-        if "rank" in frame.columns:
-            self._ranks = np.union1d(self._ranks, frame["rank"].to_numpy(dtype=np.int64))
+        self._ranks = np.union1d(self._ranks, frame["rank"].to_numpy(dtype=np.int64))
         it = frame[IT].to_numpy(dtype=np.int64)
         late = it <= self.last_iteration
         if late.any():
@@ -108,7 +107,7 @@ class IterationAssembler:
         if not len(late):
             return
         its = late[IT].to_numpy(dtype=np.int64)
-        ranks = late["rank"].to_numpy(dtype=np.int64) if "rank" in late.columns else np.zeros(len(late), np.int64)
+        ranks = late["rank"].to_numpy(dtype=np.int64)
         for i in np.unique(its):
             r = np.unique(ranks[its == i])
             had = self._handed.get(int(i))
@@ -157,12 +156,12 @@ class IterationAssembler:
             return pd.DataFrame()
         take = it <= uniq[n - 1]
         out, rest = rows.loc[take], rows.loc[~take]
-        if "rank" in out.columns:   # what went on, for telling a late row from a re-read one
-            o_it, o_r = out[IT].to_numpy(dtype=np.int64), out["rank"].to_numpy(dtype=np.int64)
-            for i in uniq[:n]:
-                self._handed[int(i)] = np.unique(o_r[o_it == i])
-            for old in sorted(self._handed)[:-HANDED_KEPT]:
-                del self._handed[old]
+        # what went on, for telling a late row from a re-read one
+        o_it, o_r = out[IT].to_numpy(dtype=np.int64), out["rank"].to_numpy(dtype=np.int64)
+        for i in uniq[:n]:
+            self._handed[int(i)] = np.unique(o_r[o_it == i])
+        for old in sorted(self._handed)[:-HANDED_KEPT]:
+            del self._handed[old]
         self._rows = rest.reset_index(drop=True) if len(rest) else None
         self.last_iteration = int(uniq[n - 1])
         self.counts.rows += len(out)

@@ -68,6 +68,8 @@ class PipelineBalanceScorer:
         #: Cells hot against the other stages only (long from the start, not a change).
         self.static = np.zeros((topo.group_count("dp"), len(stages)), dtype=bool)
         self.t = 0
+        g = topo.group_count("dp")   # pp x tp groups: few, so the index of the others is small
+        self._others = np.array([np.r_[0:i, i + 1:g] for i in range(g)]) if g > 1 else None
 
     def update(self, values: np.ndarray) -> np.ndarray:
         """Bool ``[dp_group, stage]``: the group's stage is hot."""
@@ -81,7 +83,7 @@ class PipelineBalanceScorer:
         trusted = self.base.trusted()
         self.t += 1
         on = self.cause[None, :] & self.enabled
-        others = _median_of_others(med)
+        others = _median_of_others(med, self._others)
         with np.errstate(invalid="ignore"):
             changed = trusted & (rel > np.log1p(self.cfg.min_change)) & on
             # against the median of the *other* stages (with pp=2 the median of both is their
@@ -96,12 +98,11 @@ class PipelineBalanceScorer:
         return changed | static
 
 
-def _median_of_others(med: np.ndarray) -> np.ndarray:
-    """``[G, S]``: for every group, the median over the other groups (NaN-aware)."""
-    g = med.shape[0]
-    if g < 2:
+def _median_of_others(med: np.ndarray, others: np.ndarray | None) -> np.ndarray:
+    """``[G, S]``: for every group, the median over the other groups (NaN-aware);
+    ``others[g]`` lists the groups other than g (None: a single group)."""
+    if others is None:
         return np.full(med.shape, np.nan)
-    idx = np.array([np.r_[0:i, i + 1:g] for i in range(g)])   # [G, G-1]: G is pp x tp, small
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(med[idx], axis=1)
+        return np.nanmedian(med[others], axis=1)

@@ -164,8 +164,9 @@ class TransientStallRule(Rule):
         return float(np.nansum(np.maximum(lost, 0.0)))
 
     def _repeats(self, ranks: np.ndarray, iteration: int) -> bool:
-        """Count a stall of ``ranks``; whether one of them stalled ``stall_repeat`` times with
-        at most ``reopen_within`` iterations between stalls."""
+        """Count a stall of ``ranks``; whether one of them stalled, with at most
+        ``reopen_within`` iterations between stalls, as often as :func:`repeats_needed` asks at
+        the other ranks' stall rate (at least ``stall_repeat`` times)."""
         near = iteration - self.stall_last[ranks] <= self.cfg.reopen_within
         own = int(np.where(near, self.stall_count[ranks], 0).sum())   # these ranks' recent stalls
         self.stall_count[ranks] = np.where(near, self.stall_count[ranks] + 1, 1)
