@@ -232,12 +232,12 @@ def test_thresholds_reload_between_cycles_and_a_bad_file_changes_nothing(caplog,
     assert stored["id"].unique().tolist() == [inc.id]         # one incident, not a second one
 
 
-def test_a_job_named_before_its_first_point_is_analyzed_once_points_come(embedded_store):
+def test_a_job_named_before_its_first_point_is_analyzed_once_points_come(influx_store):
     scenario = load_scenario("compute-slowdown").with_overrides(iterations=12)
-    svc = AnalyzerService(embedded_store, jobs=[scenario.job])
+    svc = AnalyzerService(influx_store, jobs=[scenario.job])
     svc.cycle()
     svc.cycle()                                       # nothing yet, twice: no failure
     sim = ClusterSimulator(scenario)
-    _write(embedded_store, sim, 12)
+    _write(influx_store, sim, 12)
     svc.cycle(final=True)
     assert svc.analyzers[scenario.job].last_iteration == 11
