@@ -3,7 +3,7 @@
 Loaded from the ``[analyzer]`` table of a TOML file (``--config``, read by
 :func:`load_config`, together with an optional ``[stages]`` table); unknown keys
 are refused by name. Most settings can change while the analyzer runs
-(:mod:`analyzer.config_watch`); those in :data:`RESTART_ONLY` size the detectors'
+(:mod:`analyzer.service.config_watch`); those in :data:`RESTART_ONLY` size the detectors'
 state and take effect at the next start.
 
 Example::

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from analyzer.engine import JobAnalyzer
+from analyzer.job_analyzer import JobAnalyzer
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
 from rankscope.store import InfluxStore
@@ -38,7 +38,7 @@ try:
 except ImportError:
     from simulator.cluster import ClusterSimulator
     from simulator.scenario import Scenario
-from analyzer.engine import JobAnalyzer
+from analyzer.job_analyzer import JobAnalyzer
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
 sc = Scenario.from_dict({"topology": {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8},

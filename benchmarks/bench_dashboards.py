@@ -2,7 +2,7 @@
 
 One database, written once and reused for every figure: the raw points (line protocol through
 ``InfluxStore.write_stage_latency``, the encoder's fast path, not the simulator), the rollups
-the analyzer would write for them (:mod:`analyzer.rollups`) and the incident's analyzer outputs
+the analyzer would write for them (:mod:`analyzer.write.rollups`) and the incident's analyzer outputs
 (tests/il0477_store.py, generated a chunk of iterations at a time), in a database with
 rankscope's retention policies. Then, with Grafana's macros and variables filled as the tests
 fill them (tests/grafana_macros.py) over the whole run:
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.rollups import rollup_frames
+from analyzer.write.rollups import rollup_frames
 from dashboards import provisioning
 from dashboards.panels import HEATMAP_MAX_CELLS
 from dashboards.report import write_report

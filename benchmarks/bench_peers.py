@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from analyzer.config import AnalyzerConfig
-from analyzer.engine import JobAnalyzer
-from analyzer.l1 import L1Monitor
-from analyzer.step import StepDetector
+from analyzer.detect.l1 import L1Monitor
+from analyzer.detect.step import StepDetector
+from analyzer.job_analyzer import JobAnalyzer
 from evaluation.accuracy import BASE_SIGMAS, Case, result_cube
 from rankscope.schema import DEFAULT_STAGES
 from simulator.cluster import ClusterSimulator

@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from analyzer.cycle import AnalyzerService, run_once
+from analyzer.service.analyzer_service import AnalyzerService, run_once
 from benchmarks.bench_accuracy import _fmt, _kind_table
 from evaluation.accuracy import (
     COLLECTOR_SHAPES,

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from analyzer.engine import JobAnalyzer
-from analyzer.events import OutOfBandEvent
+from analyzer.diagnosis.event_verdicts import OutOfBandEvent
+from analyzer.job_analyzer import JobAnalyzer
 from evaluation.accuracy import result_cube
 from rankscope.schema import DEFAULT_STAGES
 from simulator.cluster import ClusterSimulator

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.assembly import IterationAssembler
 from analyzer.config import AnalyzerConfig
-from analyzer.engine import JobAnalyzer
+from analyzer.job_analyzer import JobAnalyzer
+from analyzer.read.iteration_assembler import IterationAssembler
 from rankscope.frames import LatencyCube, frame_to_cube
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import DEFAULT_STAGES

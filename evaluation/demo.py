@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from analyzer.cycle import AnalyzerService
+from analyzer.service.analyzer_service import AnalyzerService
 from rankscope.config import store_settings
 from rankscope.store import open_store
 from rankscope.topology import format_ranks

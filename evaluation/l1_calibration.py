@@ -2,7 +2,7 @@
 
 Healthy iteration-time series come from the simulator (rank-level: every
 rank's ``iteration_ms``; job-level: their median per iteration, as
-:class:`~analyzer.l1.L1Monitor` sees them). In a synchronous job a rank's
+:class:`~analyzer.detect.l1.L1Monitor` sees them). In a synchronous job a rank's
 iteration ends with its DP group's all-gather, so the ranks of one DP group
 share one series; :func:`healthy_series` keeps each distinct series once. Each setting is run over all
 series at once (the detectors are vectorised); the average run length (ARL)
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.spike import SpikeDetector
-from analyzer.step import StepDetector
+from analyzer.detect.spike import SpikeDetector
+from analyzer.detect.step import StepDetector
 from simulator.cluster import ClusterSimulator
 from simulator.scenario import Scenario
 

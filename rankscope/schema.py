@@ -131,7 +131,7 @@ L1_CHANGEPOINT = "l1_changepoint"
 L2_GROUP = "l2_group"
 L2_RANK = "l2_rank"
 INCIDENT = "incident"
-#: Rollups the analyzer writes for the dashboards and alert rules (analyzer/rollups.py).
+#: Rollups the analyzer writes for the dashboards and alert rules (analyzer/write/rollups.py).
 ROLLUP_HOST = "rollup_host"
 ROLLUP_JOB = "rollup_job"
 #: ``rollup_host`` over fixed windows of ``ROLLUP_WINDOW_MS`` (time = the window's start): what a

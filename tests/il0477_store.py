@@ -2,7 +2,7 @@
 
 The database is created with rankscope's retention (raw points 7 days in the
 default policy ``raw``, everything else 400 days in ``long``), as a deployment has it.
-When the simulator (``simulator.cluster``) and the analyzer (``analyzer.cycle``)
+When the simulator (``simulator.cluster``) and the analyzer (``analyzer.service.analyzer_service``)
 are importable, it is filled by them: 40 iterations of the IL-0477 scenario,
 then one analyzer cycle (which also writes the rollups). Until then (or with
 ``RANKSCOPE_TEST_DASHBOARD_DATA=schema``) it is filled with points written
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.rollups import incident_host_frame, rollup_frames, window_rollup
+from analyzer.write.rollups import incident_host_frame, rollup_frames, window_rollup
 from rankscope import schema
 from rankscope.config import Retention
 from rankscope.frames import LatencyCube, cube_to_frame
@@ -65,7 +65,7 @@ def pipeline_available() -> bool:
     if os.environ.get("RANKSCOPE_TEST_DASHBOARD_DATA") == "schema":
         return False
     try:
-        for module in ("simulator.scenario", "simulator.simulate", "analyzer.cycle"):
+        for module in ("simulator.scenario", "simulator.simulate", "analyzer.service.analyzer_service"):
             importlib.import_module(module)
     except ImportError:
         return False
@@ -79,7 +79,7 @@ def fill(url: str) -> IncidentData:
     if pipeline_available():
         load_scenario = importlib.import_module("simulator.scenario").load_scenario
         simulate = importlib.import_module("simulator.simulate").simulate
-        run_once = importlib.import_module("analyzer.cycle").run_once
+        run_once = importlib.import_module("analyzer.service.analyzer_service").run_once
         simulate(load_scenario("il-0477").with_overrides(iterations=ITERATIONS), store,
                  start_ms=start_ms, progress=False)
         job = store.jobs()[0]

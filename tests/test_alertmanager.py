@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.cycle import run_once
+from analyzer.service.analyzer_service import run_once
 from rankscope import schema
 from rankscope.times import format_time
 from simulator.scenario import load_scenario

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
-from analyzer.events import category, verdict
-from analyzer.fast_median import nanmedian
-from analyzer.group_scores import group_stats, ratio_to_group
-from analyzer.spike import SpikeDetector
-from analyzer.step import StepDetector
+from analyzer.detect.baseline import Baseline
+from analyzer.detect.fast_median import nanmedian
+from analyzer.detect.group_scores import group_stats, ratio_to_group
+from analyzer.detect.spike import SpikeDetector
+from analyzer.detect.step import StepDetector
+from analyzer.diagnosis.event_verdicts import category, verdict
 from rankscope.topology import Topology
 
 
@@ -102,7 +102,7 @@ def test_config_refuses_unknown_and_negative_settings():
 def test_event_categories_match_words_not_fragments():
     """A GPU's own NVLink, a report of something: not the network; a camelCase alert name and,
     when the name says nothing, the event's text are read too."""
-    from analyzer.events import category
+    from analyzer.diagnosis.event_verdicts import category
 
     assert category("NVLink error count high") == "compute"
     assert category("GPU thermal violation reported by DCGM") == "compute"
@@ -116,8 +116,8 @@ def test_event_categories_match_words_not_fragments():
 
 def _pp4_dp2(stall_both: bool):
     """8 ranks, pp=4 x dp=2 (one rank per worker): the last stage's mlp 1.6x on one or both ranks."""
-    from analyzer.rank_scores import RankScorer
-    from analyzer.stage_balance import PipelineBalanceScorer
+    from analyzer.score.rank_scores import RankScorer
+    from analyzer.score.stage_balance import PipelineBalanceScorer
     from rankscope.schema import DEFAULT_STAGES
 
     topo = Topology(tp=1, pp=4, dp=2, ep=1, gpus_per_node=8)
@@ -148,7 +148,7 @@ def test_one_rank_of_a_dp_pair_slow_is_still_a_straggler():
 def test_a_node_holding_both_dp_partners_that_throttles_is_still_a_straggler():
     # DP groups of 2 on one 2-GPU node: the partners slow alike, but it is a change against
     # their own past (a throttling node), not a stage long from the start
-    from analyzer.rank_scores import RankScorer
+    from analyzer.score.rank_scores import RankScorer
     from rankscope.schema import DEFAULT_STAGES
 
     topo = Topology(tp=1, pp=4, dp=2, ep=1, gpus_per_node=2)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from analyzer.engine import JobAnalyzer
+from analyzer.job_analyzer import JobAnalyzer
 from evaluation.accuracy import result_cube
 from rankscope.schema import DEFAULT_STAGES
 from simulator.cluster import ClusterSimulator

@@ -1,7 +1,7 @@
 """A fault that comes and goes is one incident, reopened, with its episodes counted."""
 
 from analyzer.config import AnalyzerConfig
-from analyzer.engine import JobAnalyzer
+from analyzer.job_analyzer import JobAnalyzer
 from evaluation.accuracy import result_cube
 from rankscope.incident import IncidentClass
 from rankscope.schema import DEFAULT_STAGES

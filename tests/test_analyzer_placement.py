@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.cycle import AnalyzerService
+from analyzer.service.analyzer_service import AnalyzerService
 from rankscope.store import EmbeddedStore
 from simulator.cluster import ClusterSimulator
 from simulator.scenario import load_scenario

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from analyzer.cycle import run_once
+from analyzer.service.analyzer_service import run_once
 from evaluation.accuracy import EXPECTED_CLASS
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate

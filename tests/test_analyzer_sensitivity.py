@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from analyzer.engine import JobAnalyzer
+from analyzer.job_analyzer import JobAnalyzer
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
 from simulator.cluster import ClusterSimulator

@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from analyzer.cli import parse_interval
-from analyzer.cycle import AnalyzerService
-from analyzer.schedule import build_scheduler, safe_cycle
+from analyzer.service.analyze_cli import parse_interval
+from analyzer.service.analyzer_service import AnalyzerService
+from analyzer.service.schedule import build_scheduler, safe_cycle
 from rankscope import schema
 from rankscope.store import InfluxStore
 from simulator.cluster import ClusterSimulator
@@ -41,7 +41,7 @@ def test_restart_in_the_middle_of_an_incident_does_not_duplicate_it(influx_store
     # it goes on from where the data is, not from the start
     assert second.analyzers[scenario.job].last_iteration == 39
     # and its cost goes on too: neither counted twice over the replayed iterations nor restarted
-    from analyzer.engine import JobAnalyzer
+    from analyzer.job_analyzer import JobAnalyzer
     from evaluation.accuracy import result_cube
     from rankscope.schema import DEFAULT_STAGES
 
@@ -199,8 +199,8 @@ def test_a_hanging_database_is_reported_once_in_rankscopes_words(caplog, influx_
 def test_thresholds_reload_between_cycles_and_a_bad_file_changes_nothing(caplog, influx_store, tmp_path):
     """A changed --config takes effect at the next cycle, logged with what changed; an invalid
     file is refused and the thresholds in force stay; no state is lost, nothing duplicated."""
-    from analyzer.config_watch import ConfigWatcher
-    from analyzer.schedule import CycleGuard
+    from analyzer.service.config_watch import ConfigWatcher
+    from analyzer.service.schedule import CycleGuard
 
     config = tmp_path / "analyzer.toml"
     config.write_text("[analyzer]\nabs_ratio = 5.0\nmin_change = 3.0\nspike_ratio = 5.0\n")

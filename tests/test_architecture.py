@@ -55,7 +55,7 @@ GRAPH = _graph()
 
 def test_the_graph_sees_the_code():
     assert len(GRAPH) > 60
-    assert "analyzer.engine" in GRAPH and "rankscope.store.base" in GRAPH["rankscope.store.influx"]
+    assert "analyzer.job_analyzer" in GRAPH and "rankscope.store.base" in GRAPH["rankscope.store.influx"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

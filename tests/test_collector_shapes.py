@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.assembly import IterationAssembler
-from analyzer.cycle import run_once
+from analyzer.read.iteration_assembler import IterationAssembler
+from analyzer.service.analyzer_service import run_once
 from rankscope import schema
 from simulator.scenario import Scenario
 from simulator.simulate import simulate
@@ -131,7 +131,7 @@ def test_the_first_read_holding_only_hosts_behind_does_not_lock_the_others_out()
 def test_a_dropped_point_that_set_a_floor_does_not_raise_it():
     # the rank that sends least in its pipeline sets the p2p floor; its point dropped, the
     # floor is not the others' (1% of points dropped made many groups "rise" every iteration)
-    from analyzer.floors import TransferFloorScorer
+    from analyzer.score.transfer_floors import TransferFloorScorer
     from rankscope.schema import DEFAULT_STAGES
     from rankscope.topology import Topology
 

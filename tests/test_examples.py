@@ -21,7 +21,7 @@ MODULES = sorted(
 
 
 def test_examples_are_found() -> None:
-    assert {"rankscope.hostnames", "analyzer.events"} <= set(MODULES)
+    assert {"rankscope.hostnames", "analyzer.diagnosis.event_verdicts"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

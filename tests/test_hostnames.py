@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.events import OutOfBandEvent
+from analyzer.diagnosis.event_verdicts import OutOfBandEvent
 from rankscope.hostnames import matching_hosts, same_host
 
 

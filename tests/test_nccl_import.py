@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from analyzer.cycle import run_once
+from analyzer.service.analyzer_service import run_once
 from collector import nccl_import as ni
 from rankscope.cli import main as cli_main
 from rankscope.store import EmbeddedStore
@@ -272,7 +272,7 @@ def test_newer_inspector_fields_and_float_times_are_read(tmp_path):
 
 
 def test_a_network_event_on_the_arrival_straggler_is_contradicted():
-    from analyzer.events import Verdict, verdict
+    from analyzer.diagnosis.event_verdicts import Verdict, verdict
     from rankscope.incident import IncidentClass
 
     v, reason = verdict("network", IncidentClass.ARRIVAL_STRAGGLER, True, {"arrived_last": True})

@@ -1,4 +1,4 @@
-"""Rollups (analyzer/rollups.py), written by the analyzer's cycle and by ``rankscope rollup``."""
+"""Rollups (analyzer/write/rollups.py), written by the analyzer's cycle and by ``rankscope rollup``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from analyzer.config import AnalyzerConfig
-from analyzer.cycle import AnalyzerService
-from analyzer.rollups import (
+from analyzer.service.analyzer_service import AnalyzerService
+from analyzer.write.rollups import (
     Placement,
     host_rollup,
     incident_host_frame,

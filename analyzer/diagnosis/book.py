@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from analyzer.detect.window import Window
+from analyzer.diagnosis.event_verdicts import OutOfBandEvent, category, verdict
 from analyzer.diagnosis.rank_sets import overlap
-from analyzer.events import OutOfBandEvent, category, verdict
-from analyzer.window import Window
 from rankscope.incident import EventVerdict, Incident
 
 #: Most out-of-band events kept per job (a monitor gone mad cannot fill the memory).

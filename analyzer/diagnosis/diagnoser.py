@@ -17,6 +17,7 @@ from __future__ import annotations
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.arrival import ArrivalRule
 from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.event_verdicts import OutOfBandEvent
 from analyzer.diagnosis.links import LinkRule
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.pipeline import PipelineRule
@@ -25,7 +26,6 @@ from analyzer.diagnosis.rule import Rule
 from analyzer.diagnosis.silence import SilenceRule
 from analyzer.diagnosis.stragglers import StragglerRule
 from analyzer.diagnosis.transient import TransientStallRule
-from analyzer.events import OutOfBandEvent
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology

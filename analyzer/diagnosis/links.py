@@ -3,7 +3,7 @@
 A degraded link shows in no compute stage; it raises the *floor* (the fastest
 member's time: the pure transfer) of every collective group the ranks behind
 it take part in, and the culprits are at the intersection of those groups
-(:func:`~analyzer.floors.intersect_risen`). Floors that rise in a single kind of
+(:func:`~analyzer.score.transfer_floors.intersect_risen`). Floors that rise in a single kind of
 collective are a chunk waiting on someone, not a link; groups on the
 pipelines of a hot straggler are explained by it. Candidates whose own
 pipeline p2p times did not rise are dropped (a p2p hop involves only the two
@@ -35,7 +35,7 @@ from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_evidence import together
 from analyzer.diagnosis.rank_sets import overlap
 from analyzer.diagnosis.rule import Episode, Rule, culprit_incident
-from analyzer.floors import FloorScores, intersect_risen
+from analyzer.score.transfer_floors import FloorScores, intersect_risen
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks

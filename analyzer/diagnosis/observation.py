@@ -1,6 +1,6 @@
 """What the rules see of one iteration: the window, the L2 scores, the floors, who reported.
 
-Built once per iteration by :class:`~analyzer.engine.JobAnalyzer` from its
+Built once per iteration by :class:`~analyzer.job_analyzer.JobAnalyzer` from its
 scorers and handed to every rule; rules read it and never change it.
 """
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.floors import FloorScores
-from analyzer.rank_scores import RankScores
-from analyzer.window import Window
+from analyzer.detect.window import Window
+from analyzer.score.rank_scores import RankScores
+from analyzer.score.transfer_floors import FloorScores
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 When one pipeline stage gets more work its ranks are all equally slow, so no
 rank stands out inside its DP group; the DP group itself stands out against
-its own past or, long from the start, against the other stages (:class:`~analyzer.stage_balance.PipelineBalanceScorer`), and the
+its own past or, long from the start, against the other stages (:class:`~analyzer.score.stage_balance.PipelineBalanceScorer`), and the
 other stages wait in pipeline bubbles. An episode of hot DP groups that stays
 (Jaccard >= 0.5 from one iteration to the next) for ``transient_max + 1``
 iterations is an incident; it stays active while any group is hot.

@@ -12,10 +12,10 @@ import warnings
 
 import numpy as np
 
+from analyzer.detect.group_scores import group_medians
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rule import culprit_incident
-from analyzer.group_scores import group_medians
-from analyzer.rank_scores import peer_kind
+from analyzer.score.rank_scores import peer_kind
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks, rank_phrase

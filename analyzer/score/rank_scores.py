@@ -4,7 +4,7 @@ Every rank's stage time is divided by the median of its *peers*: the ranks of
 its DP group (same pipeline stage, same TP index), which run the same layers
 on the same shapes. The log of that ratio is compared with
 
-- the rank's own baseline (:class:`~analyzer.baseline.Baseline`), smoothed over
+- the rank's own baseline (:class:`~analyzer.detect.baseline.Baseline`), smoothed over
   a few iterations: a GPU that has always been 5% slow is not news, one that
   just became 20% slower is;
 - the group itself, whatever the past: ``abs_ratio`` (1.5x) above the peers;
@@ -20,7 +20,7 @@ With DP groups of 2 the peers are the pipeline (or the node), ranks that run oth
 layers; evidence against the group alone (``abs_ratio``, no change against the rank's
 past) then counts only if the rank also stands ``min_change`` above its DP partner (a
 partner with no point this iteration vetoes nothing). A whole PP stage long alike from
-the start (both its DP ranks) is the pipeline's imbalance (:mod:`analyzer.stage_balance`),
+the start (both its DP ranks) is the pipeline's imbalance (:mod:`analyzer.score.stage_balance`),
 not a straggler; a change (a node that throttles, even one holding both partners) still is.
 
 All of it is array arithmetic over ``[rank, stage]``.
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
-from analyzer.fast_median import median3, nanmedian
-from analyzer.group_scores import group_medians, group_quantiles, sampled_sigma
+from analyzer.detect.baseline import Baseline
+from analyzer.detect.fast_median import median3, nanmedian
+from analyzer.detect.group_scores import group_medians, group_quantiles, sampled_sigma
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 

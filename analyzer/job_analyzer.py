@@ -2,7 +2,7 @@
 
 Pure computation (no I/O): :class:`JobAnalyzer` takes latency cubes and events
 and returns what to write (change points, incidents, L2 points). The cycle
-(:mod:`analyzer.cycle`) does the reading and writing.
+(:mod:`analyzer.service.analyzer_service`) does the reading and writing.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import numpy as np
 import pandas as pd
 
 from analyzer.config import AnalyzerConfig
+from analyzer.detect.l1 import ChangePoint, L1Monitor
+from analyzer.detect.window import Window
 from analyzer.diagnosis import Diagnoser, Observation
-from analyzer.events import OutOfBandEvent
-from analyzer.floors import TransferFloorScorer
-from analyzer.impact import ImpactTracker
-from analyzer.l1 import ChangePoint, L1Monitor
-from analyzer.l2_points import l2_group_frame, l2_rank_frame, window_medians
-from analyzer.rank_scores import RankScorer, RankScores
-from analyzer.stage_balance import PipelineBalanceScorer
-from analyzer.window import Window
+from analyzer.diagnosis.event_verdicts import OutOfBandEvent
+from analyzer.score.impact import ImpactTracker
+from analyzer.score.l2_points import l2_group_frame, l2_rank_frame, window_medians
+from analyzer.score.rank_scores import RankScorer, RankScores
+from analyzer.score.stage_balance import PipelineBalanceScorer
+from analyzer.score.transfer_floors import TransferFloorScorer
 from rankscope.frames import LatencyCube
 from rankscope.incident import Incident
 from rankscope.schema import StageSet

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
-from analyzer.group_scores import robust_sigma
+from analyzer.detect.baseline import Baseline
+from analyzer.detect.group_scores import robust_sigma
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 

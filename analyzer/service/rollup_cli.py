@@ -5,7 +5,7 @@ The analyzer rolls up every iteration it processes; iterations stored before it 
 ``history`` have no ``rollup_host`` / ``rollup_job`` points, so the NOC walls show a gap.
 This command walks a job's ``stage_latency`` from ``--since`` in chunks of iterations and
 writes their rollups, then the ``rollup_host_5m`` windows and ``rollup_host_1h`` hours the range
-touches (:mod:`analyzer.rollup_writer`).
+touches (:mod:`analyzer.write.rollup_backfill`).
 Points are keyed by the iteration's time and tags: running it again over the same range writes
 the same points, never duplicates.
 """
@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from analyzer.rollup_writer import backfill, write_hours_since
+from analyzer.write.rollup_backfill import backfill, write_hours_since
 from rankscope import schema
 from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store

@@ -38,7 +38,7 @@ from collections import deque
 
 import numpy as np
 
-from analyzer.window import Window
+from analyzer.detect.window import Window
 from rankscope.incident import Impact, Incident, IncidentClass
 from rankscope.schema import StageSet
 

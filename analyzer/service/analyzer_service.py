@@ -1,21 +1,21 @@
 """One analyzer cycle: read what is new, feed the job analyzers, write the results back.
 
 The analyzer's I/O, through the store (the rollups it writes from stored points are in
-:mod:`analyzer.rollup_writer`). Each cycle, per job:
+:mod:`analyzer.write.rollup_backfill`). Each cycle, per job:
 
 1. find the new ``stage_latency`` points by time (from a margin before the newest point read,
    for late writers), in chunks of about ``chunk_iterations`` iterations (fewer in a job so
-   large that a read would outgrow :data:`~analyzer.read_size.MAX_READ_ROWS`), and read contiguous
+   large that a read would outgrow :data:`~analyzer.read.read_size.MAX_READ_ROWS`), and read contiguous
    time ranges: each rank stamps its own clock, so one iteration's points spread over
    milliseconds to seconds;
-2. assemble whole iterations by their ``iteration`` field (:mod:`analyzer.assembly`): an
+2. assemble whole iterations by their ``iteration`` field (:mod:`analyzer.read.iteration_assembler`): an
    iteration goes on when every rank reported or after a bounded wait
    (``iteration_wait_s``), so a half-written iteration or a skewed host does not look like
    silent ranks, and the topology is inferred from whole iterations only;
-3. feed them to the job's :class:`~analyzer.engine.JobAnalyzer`;
+3. feed them to the job's :class:`~analyzer.job_analyzer.JobAnalyzer`;
 4. write ``l1_changepoint``, ``l2_group``, ``l2_rank`` and ``incident`` points, and the
    rollups of the iterations it processed (``rollup_host``, ``rollup_job``, ``incident_host``:
-   :mod:`analyzer.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
+   :mod:`analyzer.write.rollups`) and ``rollup_host_5m`` for each 5-minute window once it closed
    by the data or the clock (read back from ``rollup_host``) with the ``rollup_host_1h`` hour
    it falls in (read back from the windows), all keyed by time and tags,
    so a re-run writes the same points again. Iterations written while no analyzer ran are
@@ -38,13 +38,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from analyzer.assembly import IterationAssembler
 from analyzer.config import AnalyzerConfig
-from analyzer.engine import JobAnalyzer
-from analyzer.events import OutOfBandEvent
-from analyzer.read_size import MAX_READ_ROWS, iterations_per_read
-from analyzer.rollup_writer import write_windows
-from analyzer.rollups import closed_windows, incident_host_frame, rollup_frames, window_span
+from analyzer.diagnosis.event_verdicts import OutOfBandEvent
+from analyzer.job_analyzer import JobAnalyzer
+from analyzer.read.iteration_assembler import IterationAssembler
+from analyzer.read.read_size import MAX_READ_ROWS, iterations_per_read
+from analyzer.write.rollup_backfill import write_windows
+from analyzer.write.rollups import closed_windows, incident_host_frame, rollup_frames, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.incident import Incident, incidents_frame, load_incidents

@@ -45,9 +45,9 @@ import warnings
 
 import numpy as np
 
-from analyzer.baseline import Baseline
 from analyzer.config import AnalyzerConfig
-from analyzer.group_scores import group_quantiles
+from analyzer.detect.baseline import Baseline
+from analyzer.detect.group_scores import group_quantiles
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 

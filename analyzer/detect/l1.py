@@ -4,7 +4,7 @@ The job series is the median over ranks of each iteration's time (in a
 synchronous job every rank waits for the slowest, so the job's step is what
 the operator feels); rank series catch ranks whose own iteration time moves
 while the job's does not. Both go through the same
-:class:`~analyzer.step.StepDetector` and :class:`~analyzer.spike.SpikeDetector`
+:class:`~analyzer.detect.step.StepDetector` and :class:`~analyzer.detect.spike.SpikeDetector`
 (vectorised over ranks). Rank-scope change points are reported only when a
 small fraction of ranks moves (``l1_rank_fraction``); when most ranks move it
 is the job's change point.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.config import AnalyzerConfig
-from analyzer.spike import SpikeDetector
-from analyzer.step import StepDetector
+from analyzer.detect.spike import SpikeDetector
+from analyzer.detect.step import StepDetector
 
 #: Updates whose iteration and time the monitor remembers (onsets are at most
 #: ``persist`` or ``max_len`` updates back).

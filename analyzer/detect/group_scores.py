@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.fast_median import nanmedian, nanquantile
+from analyzer.detect.fast_median import nanmedian, nanquantile
 
 MAD_TO_SIGMA = 1.4826
 

@@ -10,9 +10,9 @@ import signal
 import sys
 
 from analyzer.config import load_config
-from analyzer.config_watch import ConfigWatcher
-from analyzer.cycle import AnalyzerService
-from analyzer.schedule import build_scheduler, safe_cycle
+from analyzer.service.analyzer_service import AnalyzerService
+from analyzer.service.config_watch import ConfigWatcher
+from analyzer.service.schedule import build_scheduler, safe_cycle
 from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store
 

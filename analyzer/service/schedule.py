@@ -6,7 +6,7 @@ hangs (a database that stopped answering without refusing), APScheduler would
 log "maximum number of running instances reached" at every interval; instead
 the analyzer says once, in its own words, that the cycle is waiting on the
 database and for how long, and once more when it is over. Before each cycle a
-:class:`~analyzer.config_watch.ConfigWatcher` may hand over new thresholds.
+:class:`~analyzer.service.config_watch.ConfigWatcher` may hand over new thresholds.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from analyzer.config_watch import ConfigWatcher
-from analyzer.cycle import AnalyzerService
+from analyzer.service.analyzer_service import AnalyzerService
+from analyzer.service.config_watch import ConfigWatcher
 
 log = logging.getLogger("rankscope.analyze")
 

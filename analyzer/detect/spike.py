@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.reference import RollingReference
+from analyzer.detect.reference import RollingReference
 
 
 @dataclass

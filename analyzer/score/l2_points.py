@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 from analyzer.config import AnalyzerConfig
-from analyzer.fast_median import nanmedian
-from analyzer.group_scores import group_stats
-from analyzer.rank_scores import RankScores
+from analyzer.detect.fast_median import nanmedian
+from analyzer.detect.group_scores import group_stats
+from analyzer.score.rank_scores import RankScores
 from rankscope.schema import StageSet
 from rankscope.topology import GROUP_KINDS, Topology
 

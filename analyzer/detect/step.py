@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.fast_median import nanmedian
-from analyzer.reference import RollingReference
+from analyzer.detect.fast_median import nanmedian
+from analyzer.detect.reference import RollingReference
 
 
 @dataclass

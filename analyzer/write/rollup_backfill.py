@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from analyzer.assembly import IterationAssembler
-from analyzer.read_size import iterations_per_read
-from analyzer.rollups import rollup_frames, window_rollup, window_span
+from analyzer.read.iteration_assembler import IterationAssembler
+from analyzer.read.read_size import iterations_per_read
+from analyzer.write.rollups import rollup_frames, window_rollup, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.store import Store
