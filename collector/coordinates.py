@@ -29,8 +29,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from rankscope import schema
 from rankscope.lineprotocol import check_key
+from rankscope.stage_rows import COORD_TAGS, stage_rows
 from rankscope.topology import Topology
 
 #: Environment variable overriding the host name the points carry.
@@ -81,6 +85,15 @@ class RankCoordinates:
     def fields(self) -> dict[str, Any]:
         """Constant fields of this rank's points: ``gpu_uuid`` when known."""
         return {} if not self.gpu_uuid else {schema.GPU_UUID_FIELD: self.gpu_uuid}
+
+    def rows(self, iteration: Any, time_ms: Any, stages: Mapping[str, Any],
+             iteration_ms: Any = None) -> pd.DataFrame:
+        """This rank's ``stage_latency`` rows (scalars: one row; arrays: one per iteration),
+        built by :func:`~rankscope.stage_rows.stage_rows` with :meth:`tags` and :meth:`fields`."""
+        coords = {t: getattr(self, t) for t in COORD_TAGS}
+        return stage_rows(self.job, np.full(np.size(iteration), self.rank), iteration, time_ms, stages,
+                          coords=coords, iteration_ms=iteration_ms, host=self.host, gpu=self.gpu,
+                          fields=self.fields())
 
     @classmethod
     def from_topology(cls, topology: Topology, rank: int, job: str, host: str | None = None,

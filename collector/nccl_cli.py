@@ -1,5 +1,5 @@
 """``rankscope import-nccl FILE_OR_DIR... --job NAME``: NCCL Inspector logs or PyTorch Flight
-Recorder dumps -> ``stage_latency`` points (collector/nccl_import.py says how)."""
+Recorder dumps -> ``stage_latency`` points (the collector/nccl_import package says how)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from collector import nccl_import as ni
+from rankscope import schema
 from rankscope.topology import Topology, TopologyError
 
 
@@ -77,7 +78,7 @@ def topology(args: argparse.Namespace, records: pd.DataFrame) -> Topology:
 
 def _summary(imp: ni.NcclImport, frame: pd.DataFrame, what: str) -> str:
     t = imp.topology
-    stages = [c for c in frame.columns if c in ni.schema.KNOWN_STAGES.names]
+    stages = [c for c in frame.columns if c in schema.KNOWN_STAGES.names]
     kinds = ", ".join(f"{c} {k}" for c, k in sorted(imp.kinds.items()))
     its = (f"iterations {int(frame['iteration'].min())}-{int(frame['iteration'].max())}"
            if len(frame) else "no iteration")
@@ -133,6 +134,55 @@ class Follower:
         return n
 
 
+class _Writes:
+    """What --follow has written so far: each iteration once every rank finished it."""
+
+    def __init__(self, args: argparse.Namespace, tail: Follower, store):
+        self.args, self.tail, self.store = args, tail, store
+        self.written = -1          # the last iteration written
+        self.first_sn = self.anchor = self.topo = None
+        self.total = 0
+
+    def _import(self, final: bool) -> ni.NcclImport | None:
+        """The frame of all records so far; None while it cannot be made yet (raises when ``final``)."""
+        try:
+            records = ni.inspector_records(self.tail.raw)
+        except ni.NcclError:
+            if final:
+                raise
+            return None   # not every rank has written its job-wide communicator yet
+        if self.topo is None:
+            self.topo = topology(self.args, records)
+            self.anchor = self.args.anchor or ni.choose_anchor(records)
+            self.first_sn = int(records.loc[records["comm"] == self.anchor, "sn"].min())
+        try:
+            return ni.stage_frame(records, self.args.job, self.topo, self.args.per_iteration, self.anchor,
+                                  self.first_sn)
+        except ni.NcclError:
+            if final:
+                raise
+            return None   # no iteration complete yet
+
+    def step(self, final: bool) -> None:
+        """Write the iterations finished since the last step (with ``final``: all of them)."""
+        if not self.tail.raw:
+            return
+        imp = self._import(final)
+        if imp is None:
+            return
+        frame, offset = imp.frame, self.args.iteration_offset
+        if final:
+            done = int(frame["iteration"].max()) - offset
+        else:
+            done = min(imp.closed.get(r, -1) for r in range(self.topo.world))
+        new = frame[(frame["iteration"] - offset > self.written) & (frame["iteration"] - offset <= done)]
+        if len(new):
+            self.store.write_stage_latency(new.reset_index(drop=True))
+            self.total += len(new)
+            self.written = done
+            print(_summary(imp, new, "wrote"), file=sys.stdout, flush=True)
+
+
 def follow(args: argparse.Namespace) -> int:
     from rankscope.store import open_store
 
@@ -142,56 +192,19 @@ def follow(args: argparse.Namespace) -> int:
         if not p.exists():
             raise ni.NcclError(f"{p}: no such file or directory")
     tail = Follower(args.paths)
-    written = -1          # the last iteration written
-    first_sn = anchor = topo = None
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
-    total = 0
-    imp = None
-
-    def step(final: bool) -> None:
-        nonlocal written, first_sn, anchor, topo, total, imp
-        if not tail.raw:
-            return
-        try:
-            records = ni.inspector_records(tail.raw)
-        except ni.NcclError:
-            if final:
-                raise
-            return   # not every rank has written its job-wide communicator yet
-        if topo is None:
-            topo = topology(args, records)
-            anchor = args.anchor or ni.choose_anchor(records)
-            first_sn = int(records.loc[records["comm"] == anchor, "sn"].min())
-        try:
-            imp = ni.stage_frame(records, args.job, topo, args.per_iteration, anchor, first_sn)
-        except ni.NcclError:
-            if final:
-                raise
-            return   # no iteration complete yet
-        frame = imp.frame
-        if final:
-            done = int(frame["iteration"].max()) - args.iteration_offset
-        else:
-            done = min(imp.closed.get(r, -1) for r in range(topo.world))
-        new = frame[(frame["iteration"] - args.iteration_offset > written)
-                    & (frame["iteration"] - args.iteration_offset <= done)]
-        if len(new):
-            store.write_stage_latency(new.reset_index(drop=True))
-            total += len(new)
-            written = done
-            print(_summary(imp, new, "wrote"), file=sys.stdout, flush=True)
-
     with open_store(args.store, args.bucket) as store:
+        writes = _Writes(args, tail, store)
         try:
             while True:
                 tail.poll()
-                step(final=False)
+                writes.step(final=False)
                 if deadline is not None and time.monotonic() >= deadline:
                     break
                 time.sleep(args.interval)
         except KeyboardInterrupt:
             pass
         tail.poll()
-        step(final=True)
-    print(f"followed {len(tail.pos)} file(s): {total} point(s) written", file=sys.stdout)
+        writes.step(final=True)
+    print(f"followed {len(tail.pos)} file(s): {writes.total} point(s) written", file=sys.stdout)
     return 0

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rankscope import schema
+from rankscope.stage_rows import stage_rows
 from rankscope.topology import Topology, TopologyError
 
 #: The columns a per-operation trace must have.
@@ -152,8 +152,36 @@ def stage_frame(ops: pd.DataFrame, job: str, start_ms: int, ranks_per_worker: in
     The traces name no host. ``host_pattern`` (e.g. ``"gpu-node-{node:03d}"``) names each
     node's, for a job placed in blocks of ``gpus_per_node`` ranks; the ``host`` and ``gpu``
     tags (the local index of the worker's first GPU) are then written, else neither."""
-    check_columns(ops)
     mapping = dict(OPTYPE_STAGES if stages is None else stages)
+    optype, start, dur = _checked_ops(ops, mapping)
+    lay = _placed_layout(ops, ranks_per_worker, gpus_per_node, host_pattern)
+    topo = lay.topology
+    worker_of = pd.Series(np.arange(topo.world), index=lay.trace_rank)
+    df = pd.DataFrame({"rank": worker_of.loc[ops["rank"].to_numpy(np.int64)].to_numpy(),
+                       "step": ops["step"].to_numpy(np.int64), "stage": optype.map(mapping).to_numpy(),
+                       "start": start, "end": start + dur, "ms": dur * 1000.0})
+    keys = ["step", "rank"]
+    span = df.groupby(keys, sort=True).agg(first=("start", "min"), last=("end", "max"))
+    timed = df[df["stage"].notna()]
+    per_stage = timed.groupby([*keys, "stage"], sort=True)["ms"].sum().unstack("stage")
+    names = [s for s in dict.fromkeys(v for v in mapping.values() if v) if s in per_stage.columns]
+    per_stage = per_stage.reindex(span.index)[names].fillna(0.0)
+    steps = span.index.get_level_values("step").to_numpy(np.int64)
+    ranks = span.index.get_level_values("rank").to_numpy(np.int64)
+    period_ms = max(1000.0, float(np.ceil(span["last"].max())) * 1000.0)
+    time = start_ms + ((steps - int(steps.min())) * period_ms + span["last"].to_numpy() * 1000.0).round()
+    # the worker's first GPU: its local index among the workers of its node, in GPUs
+    gpu = topo.local_index[ranks] * ranks_per_worker if topo.hosts is not None else None
+    out = stage_rows(job, ranks, steps, time.astype(np.int64),
+                     {name: per_stage[name].to_numpy(np.float64) for name in names}, topo=topo,
+                     iteration_ms=((span["last"] - span["first"]) * 1000.0).to_numpy(), gpu=gpu)
+    return out, lay
+
+
+def _checked_ops(ops: pd.DataFrame, mapping: Mapping[str, str | None]
+                 ) -> tuple[pd.Series, np.ndarray, np.ndarray]:
+    """``(optype, start_ts, duration)`` of a trace whose columns, optypes and times are sound."""
+    check_columns(ops)
     if not len(ops):
         raise OpsError("the trace holds no operation")
     optype = ops["optype"].astype(str)
@@ -168,42 +196,21 @@ def stage_frame(ops: pd.DataFrame, job: str, start_ms: int, ranks_per_worker: in
         raise OpsError(f"{int(bad.sum())} operation(s) with a missing, non-finite or negative start_ts or "
                        f"duration (first: row {i}, {optype.iloc[i]} at {ops['start_ts'].iloc[i]!r}, "
                        f"duration {ops['duration'].iloc[i]!r})")
+    return optype, start, dur
+
+
+def _placed_layout(ops: pd.DataFrame, ranks_per_worker: int, gpus_per_node: int,
+                   host_pattern: str | None) -> OpsLayout:
+    """The trace's layout, its nodes named by ``host_pattern`` when given."""
     lay = layout(ops, ranks_per_worker, gpus_per_node)
+    if host_pattern is None:
+        return lay
     topo = lay.topology
-    if host_pattern is not None:
-        try:
-            topo = Topology(pp=topo.pp, dp=topo.dp, gpus_per_node=topo.gpus_per_node, host_pattern=host_pattern)
-        except TopologyError as exc:
-            raise OpsError(str(exc)) from None
-        lay = OpsLayout(topo, lay.ranks_per_worker, lay.trace_rank)
-    worker_of = pd.Series(np.arange(topo.world), index=lay.trace_rank)
-    df = pd.DataFrame({"rank": worker_of.loc[ops["rank"].to_numpy(np.int64)].to_numpy(),
-                       "step": ops["step"].to_numpy(np.int64), "stage": optype.map(mapping).to_numpy(),
-                       "start": start, "end": start + dur, "ms": dur * 1000.0})
-    keys = ["step", "rank"]
-    span = df.groupby(keys, sort=True).agg(first=("start", "min"), last=("end", "max"))
-    timed = df[df["stage"].notna()]
-    per_stage = timed.groupby([*keys, "stage"], sort=True)["ms"].sum().unstack("stage")
-    names = [s for s in dict.fromkeys(v for v in mapping.values() if v) if s in per_stage.columns]
-    per_stage = per_stage.reindex(span.index)[names].fillna(0.0)
-    steps = span.index.get_level_values("step").to_numpy(np.int64)
-    ranks = span.index.get_level_values("rank").to_numpy(np.int64)
-    period_ms = max(1000.0, float(np.ceil(span["last"].max())) * 1000.0)
-    first_step = int(steps.min())
-    time = start_ms + ((steps - first_step) * period_ms + span["last"].to_numpy() * 1000.0).round()
-    out = pd.DataFrame({
-        "time": time.astype(np.int64), "job": job, "rank": ranks,
-        "pp": topo.pp_index[ranks], "dp": topo.dp_index[ranks], "tp": topo.tp_index[ranks],
-        "ep_group": topo.group_ids("ep")[ranks], "node": topo.node_index[ranks],
-        schema.ITERATION_FIELD: steps,
-        schema.ITERATION_MS_FIELD: ((span["last"] - span["first"]) * 1000.0).to_numpy(),
-    })
-    if topo.hosts is not None:
-        out["host"] = np.asarray(topo.hosts, dtype=object)[topo.node_index[ranks]]
-        out["gpu"] = (ranks % topo.gpus_per_node) * ranks_per_worker
-    for name in names:
-        out[name] = per_stage[name].to_numpy(np.float64)
-    return out.reset_index(drop=True), lay
+    try:
+        topo = Topology(pp=topo.pp, dp=topo.dp, gpus_per_node=topo.gpus_per_node, host_pattern=host_pattern)
+    except TopologyError as exc:
+        raise OpsError(str(exc)) from None
+    return OpsLayout(topo, lay.ranks_per_worker, lay.trace_rank)
 
 
 def read_ops(path) -> pd.DataFrame:

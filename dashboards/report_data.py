@@ -12,7 +12,8 @@ from rankscope import schema
 from rankscope.frames import LatencyCube, frame_to_cube
 from rankscope.incident import Incident
 from rankscope.store import Store
-from rankscope.topology import Topology, infer_topology
+from rankscope.topology import Topology
+from rankscope.topology_inference import infer_topology
 
 #: Most rows a report heatmap draws (a PNG stays legible below this).
 MAX_HEATMAP_ROWS = 1000

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope import schema
+from rankscope.stage_rows import LOCAL_GPU, stage_rows
 from rankscope.topology import Topology
 
 
@@ -65,22 +66,12 @@ def frame_to_cube(df: pd.DataFrame, world: int, stages: list[str] | None = None)
 def cube_to_frame(job: str, topo: Topology, iteration: int, time_ms: int,
                   values: np.ndarray, stages: list[str], iteration_ms: np.ndarray,
                   ranks: np.ndarray | None = None) -> pd.DataFrame:
-    """One iteration's ``stage_latency`` frame: a row per rank with all tags (vectorised)."""
+    """One iteration's ``stage_latency`` frame: a row per rank with all tags (vectorised).
+
+    ``values[k, s]`` is stage ``stages[s]`` of rank ``ranks[k]`` (default every rank). The
+    topology is the ranks' placement, one GPU each: ``gpu`` is their local index
+    (:data:`~rankscope.stage_rows.LOCAL_GPU`).
+    """
     r = topo.ranks if ranks is None else np.asarray(ranks, dtype=np.int64)
-    data = {
-        "time": np.full(len(r), time_ms, dtype=np.int64),
-        "job": job,
-        "rank": r,
-        "pp": topo.pp_index[r],
-        "dp": topo.dp_index[r],
-        "tp": topo.tp_index[r],
-        "ep_group": topo.group_ids("ep")[r],
-        "node": topo.node_index[r],
-        **({"host": np.asarray(topo.hosts, dtype=object)[topo.node_index[r]]} if topo.hosts else {}),
-        "gpu": topo.local_index[r],
-        schema.ITERATION_FIELD: np.full(len(r), iteration, dtype=np.int64),
-        schema.ITERATION_MS_FIELD: np.asarray(iteration_ms, dtype=float),
-    }
-    for s, name in enumerate(stages):
-        data[name] = np.asarray(values[:, s], dtype=float)
-    return pd.DataFrame(data)
+    return stage_rows(job, r, iteration, time_ms, {name: values[:, s] for s, name in enumerate(stages)},
+                      topo=topo, iteration_ms=iteration_ms, gpu=LOCAL_GPU)

@@ -1,5 +1,5 @@
 """Collective records in the shapes NCCL Inspector and PyTorch's Flight Recorder write them
-(collector/nccl_import.py cites the sources), for a small simulated job.
+(the collector/nccl_import package cites the sources), for a small simulated job.
 
 The job: pp=2 x dp=4 (8 ranks, Megatron order: rank = dp + 4 * pp), per iteration
 compute, a forward pipeline hop (stage 0 sends to stage 1), compute, a backward hop (stage 1

@@ -12,21 +12,27 @@ import torch
 
 from collector.coordinates import CoordinatesError, RankCoordinates, detect, job_name, local_gpu
 from collector.stage_timer import MEGATRON_ALIASES, StageTimer, union_length
+from collector.stage_timing.cpu import CpuTiming
+from collector.stage_timing.cuda import CudaTiming
+from collector.stage_timing.timing import Iteration
 from rankscope.schema import SchemaError, StageSet
 from rankscope.topology import Topology
 
 
 class FakeClock:
     """The timer's ``clock``: seconds that move when the test advances them (and by
-    ``tick_ms`` after each reading, to give every mark its own time)."""
+    ``tick_ms`` after each reading, to give every mark its own time); ``reads`` counts
+    the marks taken."""
 
     def __init__(self, start_s: float = 1000.0, tick_ms: float = 0.0):
         self.t = start_s
         self.tick_ms = tick_ms
+        self.reads = 0
 
     def __call__(self) -> float:
         t = self.t
         self.t += self.tick_ms / 1000.0
+        self.reads += 1
         return t
 
     def advance(self, ms: float) -> None:
@@ -94,6 +100,9 @@ def test_one_point_per_step_with_tags_stages_and_iteration_time():
     # the wall clock's ms; the third step came in the same ms as the second: one ms later
     start = 1_700_000_000_000
     assert [q["time"] for q in points] == [start + 25, start + 50, start + 51]
+    # on CPU every step resolves at once
+    assert timer.pending == 0 and timer.emitted == 3 and timer.last_point == p
+    assert isinstance(timer.timing, CpuTiming)
 
 
 def test_points_without_a_known_gpu_have_no_gpu_tag_or_uuid():
@@ -252,14 +261,16 @@ def test_gpu_marks_are_resolved_later_without_synchronising_the_step():
         clock.now += 1.0
         timer.step()
     assert points == [] and clock.syncs == 0  # the device is behind: nothing resolved yet
+    assert timer.pending == 3 and timer.emitted == 0 and timer.last_point is None
     clock.done = 6.0  # the first iteration's work has completed
     with timer.stage("mlp"):
         clock.now += 5.0
     timer.step()
     assert [p["iteration"] for p in points] == [0] and clock.syncs == 0
     assert points[0]["mlp"] == 5.0 and points[0]["iteration_ms"] == 6.0
+    assert timer.pending == 3 and timer.last_point == points[0]
     timer.close()  # the only synchronisation
-    assert clock.syncs >= 1
+    assert clock.syncs >= 1 and timer.pending == 0 and timer.emitted == 4
     assert [p["iteration"] for p in points] == [0, 1, 2, 3]
     assert all(p["mlp"] == 5.0 for p in points)
     assert [p["iteration_ms"] for p in points] == [6.0, 6.0, 6.0, 5.0]
@@ -273,18 +284,58 @@ def test_gpu_marks_are_resolved_later_without_synchronising_the_step():
     assert clock.created - created <= 3
 
 
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_cpu_and_cuda_timing_resolve_an_iteration_through_the_timing_interface(kind):
+    """The end first, then each interval's start and end, in ms from the begin; CUDA only
+    once the device has completed the events, without synchronising."""
+    if kind == "cpu":
+        clock = FakeClock()
+        timing, advance = CpuTiming(clock), clock.advance
+    else:
+        device = DeviceClock()
+        timing = CudaTiming(device.event)
+
+        def advance(ms: float) -> None:
+            device.now += ms
+
+    begin = timing.mark()
+    advance(2)
+    a = timing.mark()
+    advance(3)
+    b = timing.mark()
+    advance(1)
+    end = timing.mark()
+    close, _reopen = timing.split(None, end)  # a region open at the boundary
+    it = Iteration(7, 1_000, begin, end, [(0, a, b), (1, b, close)])
+    timing.finish(it)
+    assert timing.pending == 1
+    if kind == "cuda":
+        assert list(timing.collect()) == [] and timing.pending == 1  # the device is behind
+        device.done = device.now
+    [(got, ms)] = list(timing.collect())
+    assert got is it and timing.pending == 0
+    assert ms == [approx(v) for v in (6.0, 2.0, 5.0, 5.0, 6.0)]
+    if kind == "cuda":
+        assert device.syncs == 0
+
+
 def test_pause_detaches_hooks_and_resume_brings_them_back():
     model = torch.nn.Linear(8, 8)
     x = torch.randn(4, 8, requires_grad=True)
-    timer, points, _ = make_timer(clock=FakeClock(tick_ms=1.0))
+    clock = FakeClock(tick_ms=1.0)
+    timer, points, _ = make_timer(clock=clock)
     timer.time_module(model, "mlp")
+    assert timer.hooks_attached == 2 and timer.timed_modules == ["mlp"]  # forward pre- and post-hook
     timer.pause()
-    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert timer.paused and timer.hooks_attached == 0 and timer.timed_modules == ["mlp"]
+    reads = clock.reads
     with timer.stage("dataloader"):
         model(x).sum().backward()
     timer.step()
-    assert points == [] and timer.iteration == 1
+    assert clock.reads == reads  # no hook, region or step took a mark
+    assert points == [] and timer.iteration == 1 and timer.last_point is None
     timer.resume()
+    assert not timer.paused and timer.hooks_attached == 2
     model(x).sum().backward()
     timer.step()
     assert [p["iteration"] for p in points] == [1] and points[0]["mlp"] == approx(2.0)

@@ -97,7 +97,7 @@ def test_rank_set_text_round_trips():
 
 
 def test_topology_is_inferred_from_tags():
-    from rankscope.topology import infer_topology
+    from rankscope.topology_inference import infer_topology
     for t in (Topology(**IL), Topology(tp=2, pp=3, dp=8, ep=4, gpus_per_node=4, order="tp-pp-dp")):
         r = np.setdiff1d(t.ranks, np.arange(5, 12))  # a few silent ranks do not matter
         back = infer_topology(r, t.tp_index[r], t.pp_index[r], t.dp_index[r], t.group_ids("ep")[r], t.node_index[r])

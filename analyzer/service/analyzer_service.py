@@ -50,7 +50,8 @@ from rankscope.frames import frame_to_cube
 from rankscope.incident import Incident, incidents_frame, load_incidents
 from rankscope.schema import DEFAULT_STAGES, StageSet
 from rankscope.store import Store
-from rankscope.topology import Topology, TopologyError, infer_topology
+from rankscope.topology import Topology, TopologyError
+from rankscope.topology_inference import infer_topology
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ from analyzer.write.rollups import rollup_frames, window_rollup, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.store import Store
-from rankscope.topology import Topology, TopologyError, infer_topology
+from rankscope.topology import Topology, TopologyError
+from rankscope.topology_inference import infer_topology
 
 #: Windows of ``rollup_host_5m`` written per read of ``rollup_host`` (an hour: 12 x 1,620 x 10
 #: points at IL-0477).

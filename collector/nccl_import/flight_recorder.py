@@ -1,0 +1,138 @@
+"""Parse PyTorch Flight Recorder dumps into the record table.
+
+**PyTorch Flight Recorder** (pytorch ``torch/csrc/distributed/c10d/FlightRecorder.hpp`` and
+``FlightRecorderDetail.hpp``, ``tools/flight_recorder/components/loader.py``): the ring buffer
+of ``TORCH_NCCL_TRACE_BUFFER_SIZE`` entries per process that ProcessGroupNCCL keeps; with
+``TORCH_NCCL_ENABLE_TIMING=1`` completed entries carry their duration. A dump (pickle, as
+``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank writes it, default ``/tmp/nccl_trace_rank_<rank>``,
+or the same dict as JSON from ``dump_json``) is a dict ``{"version", "pg_config", "pg_status",
+"entries", ...}``: ``pg_config[name] = {"name", "desc", "ranks": "[0, 1, ...]"}`` (global ranks),
+and each entry has ``record_id``, ``pg_id``, ``process_group`` (``[name, desc]``),
+``collective_seq_id``, ``p2p_seq_id``, ``is_p2p``, ``op_id``, ``profiling_name``
+(``nccl:all_reduce``, ``nccl:send 0->1``, ``nccl:recv 1<-0``, ...), ``time_created_ns``,
+``duration_ms`` (only when timed and completed), ``state`` (``scheduled|started|completed``),
+``time_discovered_started_ns``, ``time_discovered_completed_ns``, ``input_sizes``, ...
+The rank is the file name's number after its prefix, as ``loader.read_dump`` takes it.
+
+A dump names its rank and every process group's global members. A record's end is
+``time_discovered_completed_ns`` (else ``time_created_ns + duration_ms``), its order in the rank
+its ``record_id``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from collector.nccl_import.records import RECORD_COLUMNS, NcclError, get_field, number
+
+#: Flight Recorder ``profiling_name`` (after ``nccl:``) -> operation, first match wins.
+_FR_OPS = (("all_to_all", "all_to_all"), ("alltoall", "all_to_all"), ("reduce_scatter", "reduce_scatter"),
+           ("all_gather", "all_gather"), ("allgather", "all_gather"), ("all_reduce", "all_reduce"),
+           ("allreduce", "all_reduce"), ("broadcast", "broadcast"), ("send", "send"), ("recv", "recv"),
+           ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"))
+
+FR_ENTRY_FIELDS = ("record_id", "process_group", "collective_seq_id", "p2p_seq_id", "profiling_name",
+                   "time_created_ns")
+FR_PREFIX = "nccl_trace_rank_"
+
+
+def _fr_rank(path: Path) -> int:
+    name = path.name
+    m = re.search(r"(\d+)(?:\.[A-Za-z]+)?$", name)
+    if not m:
+        raise NcclError(f"{path}: a Flight Recorder dump's name ends with its rank "
+                        f"({FR_PREFIX}<rank>, as TORCH_NCCL_DEBUG_INFO_TEMP_FILE writes it)")
+    return int(m.group(1))
+
+
+def _fr_op(name: str, where: str) -> str:
+    base = name.split(":", 1)[1] if ":" in name else name
+    base = base.split(" ", 1)[0].lower()
+    for key, op in _FR_OPS:
+        if key in base:
+            return op
+    return "other"
+
+
+def _fr_ranks(spec, where) -> list[int]:
+    if isinstance(spec, str):
+        try:
+            spec = ast.literal_eval(spec)
+        except (ValueError, SyntaxError):
+            raise NcclError(f"{where}: ranks {spec!r} is not a list of ranks") from None
+    if not isinstance(spec, list | tuple) or not all(isinstance(r, int) for r in spec):
+        raise NcclError(f"{where}: ranks {spec!r} is not a list of ranks")
+    return [int(r) for r in spec]
+
+
+def _members(config, source: str) -> dict[str, tuple[int, ...]]:
+    """Global members of every process group ``pg_config`` names."""
+    members: dict[str, tuple[int, ...]] = {}
+    if isinstance(config, dict):
+        for name, pg in config.items():
+            if isinstance(pg, dict) and "ranks" in pg:
+                members[str(name)] = tuple(sorted(_fr_ranks(pg["ranks"], f"{source}: pg_config[{name!r}]")))
+    return members
+
+
+def _entry_row(e: dict, where: str, source: str, i: int, rank: int,
+               members: dict[str, tuple[int, ...]]) -> dict | None:
+    """One entry's row of the record table; None when it has no duration."""
+    for k in FR_ENTRY_FIELDS:
+        get_field(e, k, where)
+    if "duration_ms" not in e or e["duration_ms"] is None:
+        return None   # not completed, or not timed (TORCH_NCCL_ENABLE_TIMING unset)
+    pg = e["process_group"]
+    if not isinstance(pg, list | tuple) or not pg:
+        raise NcclError(f"{where}: field 'process_group' must be [name, desc], got {pg!r}")
+    comm = str(pg[0])
+    is_p2p = bool(e.get("is_p2p", False))
+    ms = float(number(e["duration_ms"], "duration_ms", where))
+    created = float(number(e["time_created_ns"], "time_created_ns", where))
+    done = e.get("time_discovered_completed_ns") or 0
+    end_us = float(done) / 1000.0 if isinstance(done, int | float) and done > 0 else created / 1000.0 + ms * 1000.0
+    return {"source": source, "line": i, "rank": rank, "comm": comm,
+            "n_ranks": len(members.get(comm, ())) or -1, "op": _fr_op(str(e["profiling_name"]), where),
+            "sn": int(number(e["p2p_seq_id"] if is_p2p else e["collective_seq_id"],
+                             "p2p_seq_id" if is_p2p else "collective_seq_id", where, True)),
+            "ms": ms, "end_us": end_us,
+            "order": float(number(e["record_id"], "record_id", where, True)), "host": None,
+            "members": members.get(comm)}
+
+
+def flight_recorder_records(dump: dict, source: str, rank: int) -> pd.DataFrame:
+    """One rank's Flight Recorder dump (the dict) -> its rows of the record table."""
+    entries = get_field(dump, "entries", source)
+    config = dump.get("pg_config", {})
+    if not isinstance(entries, list):
+        raise NcclError(f"{source}: 'entries' must be a list")
+    members = _members(config, source)
+    rows = []
+    for i, e in enumerate(entries):
+        row = _entry_row(e, f"{source}: entry {i}", source, i, rank, members)
+        if row is not None:
+            rows.append(row)
+    if entries and not rows:
+        raise NcclError(f"{source}: no entry has 'duration_ms': run with TORCH_NCCL_ENABLE_TIMING=1")
+    return pd.DataFrame(rows, columns=[*RECORD_COLUMNS, "members"])
+
+
+def read_flight_recorder(path: Path) -> pd.DataFrame:
+    """A Flight Recorder dump file (pickle, or JSON by its first byte)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise NcclError(f"{path}: cannot read: {exc}") from None
+    try:
+        dump = json.loads(data) if data[:1] == b"{" else pickle.loads(data)  # noqa: S301 - the user's own dump
+    except Exception as exc:  # a broken pickle raises anything
+        raise NcclError(f"{path}: not a Flight Recorder dump (pickle or JSON): {type(exc).__name__}: {exc}") from None
+    if not isinstance(dump, dict):
+        raise NcclError(f"{path}: a Flight Recorder dump is a dict with 'entries', got {type(dump).__name__}")
+    return flight_recorder_records(dump, str(path), _fr_rank(path))

@@ -1,0 +1,139 @@
+"""Parse NCCL Inspector logs into the record table.
+
+**NCCL Inspector** (NVIDIA/nccl ``ext-profiler/inspector``, README and ``inspector.cc``): NCCL's
+profiler plugin, enabled by ``NCCL_PROFILER_PLUGIN=.../libnccl-profiler-inspector.so``,
+``NCCL_INSPECTOR_ENABLE=1`` and ``NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS=<us>``. Its
+dump thread appends to ``<NCCL_INSPECTOR_DUMP_DIR>/<hostname>-pid<pid>.log`` (default directory
+``nccl-inspector-<SLURM_JOBID>`` or ``nccl-inspector-unknown-jobid``) one JSON object per line,
+per completed collective per communicator::
+
+    {"header": {"id": "0x7f8c496ae9f661", "rank": 2, "n_ranks": 8, "nnodes": 1},
+     "metadata": {"inspector_output_format_version": "v4.0", "git_rev": "", "rec_mechanism":
+                  "nccl_profiler_interface", "dump_timestamp_us": 1748030377748202,
+                  "hostname": "example-hostname", "pid": 1639453},
+     "coll_perf": {"coll": "AllReduce", "coll_sn": 1407, "coll_msg_size_bytes": 17179869184,
+                   "coll_exec_time_us": 61974, "coll_timing_source": "kernel_gpu",
+                   "coll_algobw_gbs": 277.2, "coll_busbw_gbs": 485.1}}
+
+``header.id`` is the communicator's hash (the same on every member), ``header.rank`` the rank
+*inside that communicator*, ``coll`` one of ``AllGather AllReduce Broadcast Recv Reduce
+ReduceScatter SendRecv Send``, ``coll_sn`` the communicator's collective sequence number,
+``coll_exec_time_us`` the kernel execution time. With ``NCCL_INSPECTOR_DUMP_VERBOSE=1``,
+``coll_perf.event_trace_ts`` adds ``coll_start_ts``, ``coll_stop_ts`` and ``kernel_events``
+(``kernel_start_ts`` / ``kernel_stop_ts`` per channel), epoch microseconds. The dump thread
+writes the *latest* completed collective of each communicator once per interval: an interval
+longer than the gap between two collectives of a communicator loses records (``coll_sn``
+gaps, counted in ``NcclImport.missing``); keep it well below that (the README uses 500 us).
+
+**Global ranks and communicators.** An Inspector file is one process: its global rank is its
+rank in the job-wide communicator (``n_ranks`` equal to the largest ``n_ranks`` seen), and a
+communicator's members are the processes whose files report its ``id``.
+
+**Time.** A record's end is the last ``kernel_stop_ts`` when verbose, else ``dump_timestamp_us``
+(later by at most one dump interval); its order in the rank is that end, then its line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from collector.nccl_import.records import NcclError, get_field, number, with_members
+
+#: Inspector ``coll`` -> operation.
+INSPECTOR_OPS = {"AllGather": "all_gather", "AllReduce": "all_reduce", "Broadcast": "broadcast",
+                 "Recv": "recv", "Reduce": "reduce", "ReduceScatter": "reduce_scatter",
+                 "SendRecv": "all_to_all", "Send": "send", "AllToAll": "all_to_all"}
+
+INSPECTOR_FIELDS = {"header": ("id", "rank", "n_ranks"), "metadata": ("dump_timestamp_us",),
+                    "coll_perf": ("coll", "coll_sn", "coll_exec_time_us")}
+
+
+def _end_us(meta: dict, perf: dict, where: str) -> float:
+    """The last kernel's stop when the record is verbose, else the dump thread's time."""
+    end_us = float(number(meta["dump_timestamp_us"], "metadata.dump_timestamp_us", where))
+    trace = perf.get("event_trace_ts")
+    if isinstance(trace, dict) and trace.get("kernel_events"):
+        stops = [k.get("kernel_stop_ts", 0) for k in trace["kernel_events"] if isinstance(k, dict)]
+        stops = [s for s in stops if isinstance(s, int | float) and s > 0]
+        if stops:
+            end_us = float(max(stops))
+    return end_us
+
+
+def _parse_line(text: str, source: str, i: int) -> dict:
+    where = f"{source}:{i}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise NcclError(f"{where}: not a JSON record ({exc.msg} at column {exc.colno})") from None
+    head, meta, perf = (get_field(obj, k, where) for k in ("header", "metadata", "coll_perf"))
+    for part, keys in INSPECTOR_FIELDS.items():
+        for k in keys:
+            get_field(obj[part], k, f"{where}: {part}")
+    coll = perf["coll"]
+    if coll not in INSPECTOR_OPS:
+        raise NcclError(f"{where}: coll_perf.coll {coll!r} is not one of {', '.join(INSPECTOR_OPS)}")
+    end_us = _end_us(meta, perf, where)
+    return {
+        "source": source, "line": i, "comm": str(head["id"]),
+        "comm_rank": int(number(head["rank"], "header.rank", where, True)),
+        "n_ranks": int(number(head["n_ranks"], "header.n_ranks", where, True)),
+        "op": INSPECTOR_OPS[coll], "sn": int(number(perf["coll_sn"], "coll_perf.coll_sn", where, True)),
+        "ms": float(number(perf["coll_exec_time_us"], "coll_perf.coll_exec_time_us", where)) / 1000.0,
+        "end_us": end_us, "host": str(meta.get("hostname", "")) or None,
+    }
+
+
+def parse_inspector_lines(lines: Iterable[str], source: str, first_line: int = 1) -> list[dict]:
+    """Inspector JSON lines -> raw records (process-local: ``comm_rank``, not the global rank)."""
+    out = []
+    for i, text in enumerate(lines, start=first_line):
+        text = text.strip()
+        if text:
+            out.append(_parse_line(text, source, i))
+    return out
+
+
+def inspector_records(raw: list[dict]) -> pd.DataFrame:
+    """Raw Inspector records of several processes -> the record table (global ranks, members)."""
+    if not raw:
+        raise NcclError("no Inspector record in the given files")
+    df = pd.DataFrame(raw)
+    world = int(df["n_ranks"].max())
+    top = df[df["n_ranks"] == world]
+    per_file = top.groupby("source")["comm_rank"].nunique()
+    multi = per_file[per_file > 1]
+    if len(multi):
+        raise NcclError(f"{multi.index[0]}: one process reports {int(multi.iloc[0])} ranks of the job-wide "
+                        f"communicator (one process driving several GPUs is not supported)")
+    rank_of = top.groupby("source")["comm_rank"].first()
+    missing = sorted(set(df["source"]) - set(rank_of.index))
+    if missing:
+        raise NcclError(f"{missing[0]}: no record of a job-wide communicator (n_ranks {world}), so its "
+                        f"global rank is unknown; import the files of every rank")
+    dup = rank_of[rank_of.duplicated(keep=False)]
+    if len(dup):
+        raise NcclError(f"{', '.join(dup.index[:2])}: both are global rank {int(dup.iloc[0])}")
+    df["rank"] = rank_of.loc[df["source"]].to_numpy()
+    df["order"] = df["end_us"]
+    return with_members(df)
+
+
+def read_inspector(path: Path, start_line: int = 1, offset: int = 0) -> tuple[list[dict], int, int]:
+    """Complete lines of an Inspector log from byte ``offset``: (raw records, next line, next offset).
+
+    A last line without its newline is being written: it is left for the next read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError as exc:
+        raise NcclError(f"{path}: cannot read: {exc}") from None
+    cut = data.rfind(b"\n") + 1
+    text = data[:cut].decode("utf-8", errors="replace")
+    lines = text.split("\n")[:-1] if cut else []
+    return parse_inspector_lines(lines, str(path), start_line), start_line + len(lines), offset + cut

@@ -1,0 +1,45 @@
+"""The record table both readers produce, its error, and the field checks they share.
+
+One row per collective a rank ran (:data:`RECORD_COLUMNS` plus ``members``): the source file and
+its line (or entry), the global rank, the communicator, its size, the operation, the sequence
+number, the duration (ms), the end (epoch us), the rank's own order and the host when known.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+#: Columns of the normalised record table both readers produce.
+RECORD_COLUMNS = ("source", "line", "rank", "comm", "n_ranks", "op", "sn", "ms", "end_us", "order", "host")
+
+
+class NcclError(ValueError):
+    """Collective records that cannot be imported (the message names the file, record, field)."""
+
+
+def get_field(obj, key, where):
+    """``obj[key]``, or an error naming ``where`` and the missing field."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise NcclError(f"{where}: missing field {key!r}")
+    return obj[key]
+
+
+def number(value, key, where, integer=False):
+    """``value`` checked to be a finite non-negative number (an integer with ``integer``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
+        raise NcclError(f"{where}: field {key!r} must be a non-negative number, got {value!r}")
+    if integer and int(value) != value:
+        raise NcclError(f"{where}: field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def with_members(df: pd.DataFrame) -> pd.DataFrame:
+    """Members of every communicator (global ranks seen reporting it, unless given)."""
+    seen = df.groupby("comm")["rank"].agg(lambda r: tuple(sorted(set(int(x) for x in r))))
+    if "members" in df.columns:
+        given = df.dropna(subset=["members"]).groupby("comm")["members"].first()
+        seen.update(given)
+    df = df.copy()
+    df["members"] = seen.loc[df["comm"]].to_numpy()
+    return df[[*RECORD_COLUMNS, "members"]].reset_index(drop=True)

@@ -1,0 +1,75 @@
+"""Step 2, name stages: the kind of every communicator against the job's layout, and the stage
+of every collective (see the package's doc for the table)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from collector.nccl_import.records import NcclError
+from rankscope.topology import Topology, TopologyError
+
+#: Comm kinds tried against the layout, in order.
+_LAYOUT_KINDS = ("tp", "dp", "ep", "edp", "pipeline")
+
+
+def default_topology(records: pd.DataFrame, gpus_per_node: int | None = None) -> Topology:
+    """Pure data parallelism over the ranks the records name."""
+    world = int(records["rank"].max()) + 1
+    gpn = gpus_per_node or (8 if world % 8 == 0 else world)
+    try:
+        return Topology(dp=world, gpus_per_node=gpn)
+    except TopologyError as exc:
+        raise NcclError(f"the records' {world} ranks do not fit a topology: {exc}") from None
+
+
+def comm_kinds(records: pd.DataFrame, topo: Topology) -> dict[str, str]:
+    """Kind of every communicator: a group kind of ``topo`` its members form, else ``pipeline``
+    (two members, only sends and receives), ``world`` (the whole job) or ``other``."""
+    sets = {kind: {tuple(sorted(row)) for row in topo.members(kind).tolist()} for kind in _LAYOUT_KINDS}
+    ops = records.groupby("comm")["op"].agg(lambda o: set(o))
+    members = records.groupby("comm")["members"].first()
+    out = {}
+    for comm, mem in members.items():
+        mem = tuple(mem)
+        p2p_only = ops[comm] <= {"send", "recv"}
+        kind = next((k for k in _LAYOUT_KINDS if mem in sets[k] and topo.group_size(k) > 1), None)
+        if kind == "tp" and p2p_only:
+            kind = None
+        if kind is None:
+            kind = ("pipeline" if p2p_only and len(mem) == 2 else
+                    "world" if len(mem) == topo.world else "other")
+        out[str(comm)] = kind
+    return out
+
+
+def stage_of(op: str, kind: str) -> str:
+    """The stage of an operation on a communicator of ``kind`` (``dispatch`` for all-to-alls: the
+    caller alternates dispatch / combine)."""
+    if op == "all_to_all" and kind in ("ep", "world", "other", "dp"):
+        return "dispatch"
+    if op in ("send", "recv") and kind in ("pipeline", "other"):
+        return "pp_send" if op == "send" else "pp_recv"
+    if kind == "dp":
+        return {"reduce_scatter": "reduce_scatter", "all_reduce": "reduce_scatter",
+                "all_gather": "all_gather"}.get(op, "comm_other")
+    if kind == "edp" and op in ("reduce_scatter", "all_reduce"):
+        return "expert_reduce"
+    return "comm_other"
+
+
+def record_stages(records: pd.DataFrame, kinds: dict[str, str], keep: np.ndarray,
+                  iteration: np.ndarray) -> np.ndarray:
+    """The stage of each record ``keep`` selects (``iteration``: every record's iteration). The
+    all-to-alls of an iteration alternate dispatch / combine, per rank and communicator."""
+    kind = records["comm"].map(kinds).to_numpy()
+    key = pd.Series(records["op"].to_numpy(dtype=str), dtype=object) + "|" + pd.Series(kind, dtype=object)
+    stage = key.map({k: stage_of(*k.split("|")) for k in pd.unique(key)}).to_numpy()[keep]
+    a2a = stage == "dispatch"
+    if a2a.any():
+        calls = pd.DataFrame({"rank": records["rank"].to_numpy(np.int64)[keep][a2a],
+                              "iteration": iteration[keep][a2a],
+                              "comm": records["comm"].to_numpy()[keep][a2a]})
+        nth = calls.groupby(["rank", "iteration", "comm"]).cumcount().to_numpy()
+        stage[a2a] = np.where(nth % 2 == 0, "dispatch", "combine")
+    return stage
