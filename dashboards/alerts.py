@@ -175,8 +175,6 @@ def provisioning_document(groups: list[AlertGroup]) -> dict:
 # ---------------------------------------------------------------- the rules
 #: L1: iteration time after / before a change point that pages.
 L1_STEP_RATIO = 1.2
-#: L2: group CV above which a stage is uneven (IL-0477's culprit group was above 0.8).
-L2_CV_THRESHOLD = 0.8
 #: L2: a rank this many times its group median in a stage is a straggler.
 L2_RANK_RATIO = 3.0
 
@@ -198,10 +196,12 @@ def rankscope_alert_groups() -> list[AlertGroup]:
         severity="warning", dashboard_uid="rankscope-noc")
     cv = AlertRule(
         uid="rankscope-l2-group-cv",
-        title="L2: parallel group uneven (CV above threshold)",
-        query=InfluxQuery("A", f"SELECT max(\"cv\") FROM {source(schema.L2_GROUP)} WHERE $timeFilter "
-                               "GROUP BY \"job\", \"group_type\", \"stage\"", from_s=600),
-        reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", L2_CV_THRESHOLD),
+        title="L2: parallel group uneven (flagged by the analyzer)",
+        # the analyzer's verdict (its cv_threshold), not a threshold of its own: any flagged
+        # group's CV is above zero, and the summary shows it
+        query=InfluxQuery("A", f"SELECT max(\"cv\") FROM {source(schema.L2_GROUP)} WHERE \"anomalous\" = 1 "
+                               "AND $timeFilter GROUP BY \"job\", \"group_type\", \"stage\"", from_s=600),
+        reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", 0),
         summary="Job {{ $labels.job }}: {{ $labels.stage }} varies across a {{ $labels.group_type }} group "
                 "(CV {{ humanize $values.B.Value }})",
         description="Some ranks of one {{ $labels.group_type }} group take much longer in stage "

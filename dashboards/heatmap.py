@@ -42,8 +42,8 @@ UID = "rankscope-heatmap"
 MAX_DP_RANGES = 16
 
 
-def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
-    lay = Layout()
+def _nodes(lay: Layout, topology: Topology) -> list:
+    """Every node over hours (the 5-minute and hourly windows), then over the last 30 minutes."""
     hosts = "\"job\" = '$job' AND \"pp\" =~ /^$pp$/"
     where = f"{hosts} AND $timeFilter"
     cols = max(HEATMAP_MAX_CELLS // topology.nodes, 1)
@@ -72,7 +72,11 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
         description="The same rows over the last 30 minutes (while the dashboard shows a range up to "
                     "now; a zoomed range shows here whole), from the per-iteration host rollups: what "
                     "happened since the last 5-minute window closed.")
-    lay.newline()
+    return [by_node, recent]
+
+
+def _ranks(lay: Layout, topology: Topology) -> list:
+    """Single ranks of the chosen dp ranges (raw points): over time, then their latest values."""
     drill_where = "\"job\" = '$job' AND \"ep_group\" =~ /^$dp$/ AND $timeFilter"
     by_rank = rows_heatmap(
         "$stage by rank, dp ranges $dp",
@@ -95,19 +99,31 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
                                    {"id": "unit", "value": "ms"},
                                    {"id": "color", "value": {"mode": "continuous-BlYlRd"}}]}],
         description="Last value of every stage per rank; colour by value within each column.")
-    lay.newline()
-    ratio = rows_heatmap(
+    return [by_rank, snapshot]
+
+
+def _ratios(lay: Layout) -> list:
+    return [rows_heatmap(
         "$stage: ratio to the group median (ranks over the analyzer's reporting floor)",
         f"SELECT max(\"ratio\") FROM {source(schema.L2_RANK)} WHERE \"job\" = '$job' AND \"stage\" = '$stage' "
         "AND $timeFilter GROUP BY time($__interval), \"rank\" fill(none)",
         lay.place(24, 10), row_tag="rank", max_rows=2000, unit="none",
         color=HeatmapColor(scheme="RdBu", scale="linear", min=0, max=6),
         description="1 = the group median. Above 1: slower than the group (a straggler); below 1: "
-                    "finished early (waited less).")
+                    "finished early (waited less).")]
+
+
+def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
+    lay = Layout()
+    panels = _nodes(lay, topology)
+    lay.newline()
+    panels += _ranks(lay, topology)
+    lay.newline()
+    panels += _ratios(lay)
     return DashboardSpec(
         uid=UID, title="rankscope / rank x stage heatmap",
         description="Per-rank stage latency over time; node overview and single-rank drill-down.",
-        panels=[by_node, recent, by_rank, snapshot, ratio],
+        panels=panels,
         variables=[job_variable(), stage_variable(), pp_variable(), dp_range_variable(topology)],
         time_from="now-3h", refresh="1m",
         links=[dashboard_link("NOC overview", "rankscope-noc", include_vars=False),

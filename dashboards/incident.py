@@ -31,9 +31,8 @@ EVIDENCE_GROUP_ID = '/"group"\\s*:\\s*\\{[^{}]*?"id"\\s*:\\s*(\\d+)/'
 INCIDENT_WHERE = "\"job\" = '$job' AND \"id\" = '$incident'"
 
 
-def spec() -> DashboardSpec:
-    lay = Layout()
-    evidence = table(
+def _record(lay: Layout) -> list:
+    return [table(
         "Incident record",
         [target("SELECT \"title\", \"class\", \"status\", \"hosts\", \"nodes\", \"ranks\", \"stage\", \"ratio\", "
                 "\"group_type\", \"group_ranks\", \"onset_iteration\", \"resolved_iteration\", \"slowdown\", "
@@ -42,8 +41,11 @@ def spec() -> DashboardSpec:
         lay.place(24, 6),
         description="What the analyzer concluded: fault class, the hosts to drain, culprit ranks and node, "
                     "the stage and its ratio to the group median, the group, onset (and resolution) "
-                    "iteration, and the cost: slowdown, GPU-hours lost, iteration time if restored.")
-    lay.newline()
+                    "iteration, and the cost: slowdown, GPU-hours lost, iteration time if restored.")]
+
+
+def _culprit_node(lay: Layout) -> list:
+    """The culprit node's stage against its group's median, and every stage of the node."""
     culprit_vs_group = timeseries(
         "$stage: culprit node $culprit_node against its $group_type group $group_id",
         [target(f"SELECT mean(\"$stage\") AS \"culprit node $culprit_node\" FROM {ROLLUP_HOST} "
@@ -62,7 +64,11 @@ def spec() -> DashboardSpec:
         lay.place(12, 10), unit="ms",
         description="A compute-only stage that rises while the collectives do not is a compute fault; "
                     "a collective that rises alone points at the network.")
-    lay.newline()
+    return [culprit_vs_group, culprit_stages]
+
+
+def _ratios_and_events(lay: Layout) -> list:
+    """The culprit ranks' ratios per stage and the out-of-band events, side by side."""
     ratios = table(
         "Culprit ranks: ratio to group median per stage",
         [target("SELECT max(\"ratio\") AS \"ratio\", last(\"value\") AS \"ms\", last(\"baseline_ratio\") AS "
@@ -76,19 +82,43 @@ def spec() -> DashboardSpec:
                 "AND $timeFilter GROUP BY \"name\", \"host\", \"node\", \"severity\", \"source\"", table=True)],
         lay.place(12, 9), sort_by="Time",
         description="Events from other monitors (e.g. 'server port down') during the time range.")
-    lay.newline()
-    verdicts = table(
+    return [ratios, events]
+
+
+def _verdicts(lay: Layout) -> list:
+    return [table(
         "Verdict on each event and the evidence",
         [target(f"SELECT \"events\", \"evidence\" FROM {INCIDENT} WHERE {INCIDENT_WHERE}", table=True)],
         lay.place(24, 8),
         overrides=[{"matcher": {"id": "byRegexp", "options": "/events|evidence/"},
                     "properties": [{"id": "custom.cellOptions", "value": {"type": "json-view"}}]}],
         description="The analyzer's verdict on every event near the incident: consistent with the "
-                    "evidence or contradicted by it (e.g. a network event while only compute stages are slow).")
+                    "evidence or contradicted by it (e.g. a network event while only compute stages are slow).")]
+
+
+def _annotations() -> list[InfluxAnnotation]:
+    return [
+        InfluxAnnotation("Incident", f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE "
+                                     f"{INCIDENT_WHERE} AND $timeFilter",
+                         text_column="text", title_column="title", tags_column="tags", color="red"),
+        InfluxAnnotation("Events", f"SELECT \"text\", \"host\" FROM {source(schema.EVENT)} WHERE \"job\" = '$job' "
+                                   "AND $timeFilter", text_column="text", tags_column="host", color="purple"),
+        InfluxAnnotation("L1 change points", f"SELECT \"text\" FROM {source(schema.L1_CHANGEPOINT)} WHERE \"job\" = '$job' "
+                                             "AND \"scope\" = 'job' AND $timeFilter",
+                         text_column="text", color="orange"),
+    ]
+
+
+def spec() -> DashboardSpec:
+    lay = Layout()
+    panels = _record(lay)
+    for row in (_culprit_node, _ratios_and_events, _verdicts):   # one row of the grid each
+        lay.newline()
+        panels += row(lay)
     return DashboardSpec(
         uid=UID, title="rankscope / incident drill-down",
         description="One incident: evidence, culprits against their group, events and their verdicts.",
-        panels=[evidence, culprit_vs_group, culprit_stages, ratios, events, verdicts],
+        panels=panels,
         variables=[
             job_variable(), incident_variable(),
             incident_field_variable("culprit_node", "culprit node", "nodes", regex=FIRST_NUMBER),
@@ -96,16 +126,7 @@ def spec() -> DashboardSpec:
             incident_field_variable("group_type", "group type", "group_type"),
             incident_field_variable("group_id", "group id", "evidence", regex=EVIDENCE_GROUP_ID),
         ],
-        annotations=[
-            InfluxAnnotation("Incident", f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE "
-                                         f"{INCIDENT_WHERE} AND $timeFilter",
-                             text_column="text", title_column="title", tags_column="tags", color="red"),
-            InfluxAnnotation("Events", f"SELECT \"text\", \"host\" FROM {source(schema.EVENT)} WHERE \"job\" = '$job' "
-                                       "AND $timeFilter", text_column="text", tags_column="host", color="purple"),
-            InfluxAnnotation("L1 change points", f"SELECT \"text\" FROM {source(schema.L1_CHANGEPOINT)} WHERE \"job\" = '$job' "
-                                                 "AND \"scope\" = 'job' AND $timeFilter",
-                             text_column="text", color="orange"),
-        ],
+        annotations=_annotations(),
         time_from="now-6h", refresh="1m",
         links=[dashboard_link("NOC overview", "rankscope-noc", include_vars=False),
                dashboard_link("Rank x stage heatmap", "rankscope-heatmap")],

@@ -30,8 +30,8 @@ ROLLUP_JOB = source(schema.ROLLUP_JOB)
 INCIDENT = source(schema.INCIDENT)
 
 
-def spec() -> DashboardSpec:
-    lay = Layout()
+def _headline(lay: Layout) -> list:
+    """The top row: open incidents, the slowest iteration, completeness, the slowest rank per job."""
     open_count = stat(
         "Open incidents", [target(f"SELECT count(\"title\") FROM {INCIDENT} WHERE \"status\" = 'open' "
                                   f"AND {JOB} AND {OPEN_WINDOW}")],
@@ -62,8 +62,11 @@ def spec() -> DashboardSpec:
         lay.place(12, 6), sort_by="slowest s",
         description="The rank that took longest in each job's latest iteration, the host it runs on, "
                     "and the job's median for comparison.")
-    lay.newline()
-    iteration = timeseries(
+    return [open_count, worst, complete, slowest]
+
+
+def _iteration_time(lay: Layout):
+    return timeseries(
         "Iteration time per job (median, p99 and max over ranks)",
         [target(f"SELECT mean(\"median_ms\") / 1000 AS \"median\", max(\"p99_ms\") / 1000 AS \"p99\", "
                 f"max(\"max_ms\") / 1000 AS \"max\" FROM {ROLLUP_JOB} WHERE {JOB} AND $timeFilter "
@@ -71,7 +74,10 @@ def spec() -> DashboardSpec:
         lay.place(24, 11), unit="s", lineWidth=3,
         description="A step here is an L1 change point (orange marks); a gap between the median and "
                     "the p99 or max points at stragglers.")
-    lay.newline()
+
+
+def _incidents_and_suspects(lay: Layout) -> list:
+    """The open incidents and the top suspect ranks, side by side."""
     incidents = table(
         "Open incidents",
         [target(f"SELECT \"class\", \"hosts\", \"ranks\", \"stage\", \"ratio\", \"slowdown\", "
@@ -92,19 +98,32 @@ def spec() -> DashboardSpec:
                 f"WHERE {JOB} AND $timeFilter GROUP BY \"job\", \"rank\", \"node\", \"stage\"", table=True)],
         lay.place(10, 9), sort_by="ratio",
         description="Ranks whose stage time is furthest from their group's median in the time range.")
+    return [incidents, suspects]
+
+
+def _annotations() -> list[InfluxAnnotation]:
+    return [
+        InfluxAnnotation("L1 change points",
+                         f"SELECT \"text\", \"magnitude\" FROM {source(schema.L1_CHANGEPOINT)} WHERE {JOB} "
+                         f"AND \"scope\" = 'job' AND $timeFilter", text_column="text", color="orange"),
+        InfluxAnnotation("Incidents",
+                         f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE {JOB} AND $timeFilter",
+                         text_column="text", title_column="title", tags_column="tags", color="red"),
+    ]
+
+
+def spec() -> DashboardSpec:
+    lay = Layout()
+    headline = _headline(lay)
+    lay.newline()
+    iteration = _iteration_time(lay)
+    lay.newline()
     return DashboardSpec(
         uid=UID, title="rankscope / NOC overview",
         description="Iteration time of every job, open fail-slow incidents and their cost, top suspect ranks.",
-        panels=[open_count, worst, complete, slowest, iteration, incidents, suspects],
+        panels=[*headline, iteration, *_incidents_and_suspects(lay)],
         variables=[job_variable(multi=True)],
-        annotations=[
-            InfluxAnnotation("L1 change points",
-                             f"SELECT \"text\", \"magnitude\" FROM {source(schema.L1_CHANGEPOINT)} WHERE {JOB} "
-                             f"AND \"scope\" = 'job' AND $timeFilter", text_column="text", color="orange"),
-            InfluxAnnotation("Incidents",
-                             f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE {JOB} AND $timeFilter",
-                             text_column="text", title_column="title", tags_column="tags", color="red"),
-        ],
+        annotations=_annotations(),
         time_from="now-6h", refresh="30s",
         links=[dashboard_link("Rank x stage heatmap", "rankscope-heatmap"),
                dashboard_link("L2 groups", "rankscope-l2"),

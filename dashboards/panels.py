@@ -4,7 +4,8 @@ All panels, variables and annotations query the one InfluxDB data source that
 :mod:`dashboards.provisioning` provisions under the pinned uid
 :data:`DATASOURCE_UID`, in raw InfluxQL (``rawQuery: true``) with Grafana's
 macros (``$timeFilter``, ``$__interval``) and template variables. Every query
-reads a measurement through :func:`source`, which names its retention policy.
+reads a measurement through :func:`source` (:func:`rankscope.store.influxql.source`, the FROM
+the store reads too), which names its retention policy.
 
 grafanalib 0.7.1 writes the legacy (pre-9.1) heatmap model, which Grafana only
 migrates while ``options`` is empty; :func:`rows_heatmap` writes the current
@@ -21,7 +22,7 @@ import attr
 from grafanalib import core as g
 from grafanalib.influxdb import InfluxDBTarget
 
-from rankscope.config import RAW_POLICY, policy_of
+from rankscope.store.influxql import source
 
 #: uid under which the provisioning creates the InfluxDB data source.
 DATASOURCE_UID = "rankscope-influxdb"
@@ -73,16 +74,6 @@ class Layout:
         self.y += self.row_h
         self.x = 0
         self.row_h = 0
-
-
-def source(measurement: str) -> str:
-    """The FROM of ``measurement``: ``"long"."incident"`` for what is kept long (InfluxDB 1.x
-    reads a policy other than the database's default only when a query names it; 2.x and 3.x
-    map ``<db>.long`` to the bucket/database ``<bucket>/long``), ``"stage_latency"`` for raw
-    points, which live in the database's default policy (``raw``)."""
-    policy = policy_of(measurement)
-    name = f'"{measurement}"'
-    return name if policy == RAW_POLICY else f'"{policy}".{name}'
 
 
 def target(query: str, ref_id: str = "A", alias: str = "", table: bool = False) -> InfluxDBTarget:

@@ -216,81 +216,85 @@ def _noun(endpoint: str) -> str:
     return "event(s)" if endpoint == "events" else "alert(s)"
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """The HTTP side of an :class:`EventReceiver`: checks a request's method, path, token and
+    length, then hands the body to ``receiver.handle``. :func:`_handler_for` binds a receiver."""
+
+    receiver: EventReceiver
+    server_version = "rankscope-events"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # seconds a silent connection may hold a thread
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._send(Reply(HTTPStatus.OK, {"status": "ok"}))
+        elif path in self.receiver.paths:
+            self._send(Reply(HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"{path} takes POST"},
+                             (("Allow", "POST"),)))
+        else:
+            self._send(Reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {path}"}))
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        refusal = self._refusal(path)
+        if refusal is not None:
+            self._refuse(refusal)
+            return
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self._send(self.receiver.handle(path, body, self.client_address[0]))
+
+    def _refusal(self, path: str) -> Reply | None:
+        """Why a POST to ``path`` is answered without reading its body (None: it is read):
+        no such endpoint, no token, no or a bad Content-Length, a body over the limit."""
+        if path not in self.receiver.paths:
+            return Reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {path}; POST to "
+                                                         f"{', '.join(self.receiver.paths)}"})
+        if not self.receiver.authorized(self.headers.get("Authorization")):
+            log.warning("%s from %s: refused, missing or wrong bearer token", path.lstrip("/"),
+                        self.client_address[0])
+            return Reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"},
+                         (("WWW-Authenticate", 'Bearer realm="rankscope-events"'),))
+        length = self.headers.get("Content-Length")
+        if length is None or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return Reply(HTTPStatus.LENGTH_REQUIRED, {"error": "a Content-Length is required"})
+        try:
+            size = int(length)
+            if size < 0:
+                raise ValueError
+        except ValueError:
+            return Reply(HTTPStatus.BAD_REQUEST, {"error": f"bad Content-Length {length!r}"})
+        limit = self.receiver.config.max_body_bytes
+        if size > limit:
+            log.warning("%s from %s: refused, body of %d bytes is over the limit of %d",
+                        path.lstrip("/"), self.client_address[0], size, limit)
+            return Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                         {"error": f"body of {size} bytes is over the limit of {limit} bytes"})
+        return None
+
+    def _refuse(self, reply: Reply) -> None:
+        """Answer without reading the body, then close (the unread body cannot be skipped)."""
+        self.close_connection = True
+        self._send(reply, close=True)
+
+    def _send(self, reply: Reply, close: bool = False) -> None:
+        data = json.dumps(reply.body).encode()
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in reply.headers:
+            self.send_header(key, value)
+        if close:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+        # the request line (never a header, so never the token), below the payload line
+        log.debug("%s %s", self.client_address[0], format % args)
+
+
 def _handler_for(receiver: EventReceiver) -> type[BaseHTTPRequestHandler]:
     """A request handler class bound to ``receiver`` (http.server instantiates it per request)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "rankscope-events"
-        sys_version = ""
-        protocol_version = "HTTP/1.1"
-        timeout = 30  # seconds a silent connection may hold a thread
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                self._send(Reply(HTTPStatus.OK, {"status": "ok"}))
-            elif path in receiver.paths:
-                self._send(Reply(HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"{path} takes POST"},
-                                 (("Allow", "POST"),)))
-            else:
-                self._send(Reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {path}"}))
-
-        def do_POST(self) -> None:  # noqa: N802
-            path = self.path.split("?", 1)[0]
-            if path not in receiver.paths:
-                self._refuse(Reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {path}; POST to "
-                                                                   f"{', '.join(receiver.paths)}"}))
-                return
-            if not receiver.authorized(self.headers.get("Authorization")):
-                log.warning("%s from %s: refused, missing or wrong bearer token", path.lstrip("/"),
-                            self.client_address[0])
-                self._refuse(Reply(HTTPStatus.UNAUTHORIZED,
-                                   {"error": "missing or wrong bearer token"},
-                                   (("WWW-Authenticate", 'Bearer realm="rankscope-events"'),)))
-                return
-            length = self.headers.get("Content-Length")
-            if length is None or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-                self._refuse(Reply(HTTPStatus.LENGTH_REQUIRED,
-                                   {"error": "a Content-Length is required"}))
-                return
-            try:
-                size = int(length)
-                if size < 0:
-                    raise ValueError
-            except ValueError:
-                self._refuse(Reply(HTTPStatus.BAD_REQUEST,
-                                   {"error": f"bad Content-Length {length!r}"}))
-                return
-            limit = receiver.config.max_body_bytes
-            if size > limit:
-                log.warning("%s from %s: refused, body of %d bytes is over the limit of %d",
-                            path.lstrip("/"), self.client_address[0], size, limit)
-                self._refuse(Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                   {"error": f"body of {size} bytes is over the limit of "
-                                             f"{limit} bytes"}))
-                return
-            body = self.rfile.read(size)
-            self._send(receiver.handle(path, body, self.client_address[0]))
-
-        def _refuse(self, reply: Reply) -> None:
-            """Answer without reading the body, then close (the unread body cannot be skipped)."""
-            self.close_connection = True
-            self._send(reply, close=True)
-
-        def _send(self, reply: Reply, close: bool = False) -> None:
-            data = json.dumps(reply.body).encode()
-            self.send_response(reply.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for key, value in reply.headers:
-                self.send_header(key, value)
-            if close:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
-            # the request line (never a header, so never the token), below the payload line
-            log.debug("%s %s", self.client_address[0], format % args)
-
-    return Handler
+    return type("Handler", (_Handler,), {"receiver": receiver})

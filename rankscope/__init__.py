@@ -1,8 +1,13 @@
 """rankscope: fail-slow diagnosis for large distributed GPU training jobs.
 
-Core shared by the collector (what writes), the analyzer (what reads, scores and
-writes back) and the dashboards (what Grafana shows): topology, schema, line
-protocol, store, configuration and the command line.
+The core every component shares, and the only place a fact about the data is decided:
+rank topology and placement, the data model (``schema``), the one row builder
+(``stage_rows``), the line-protocol encoder, the one store interface and its backends
+(``store/``, which also builds every InfluxQL ``FROM``), the incident model, host names,
+times, the store options and the ``rankscope`` command line.
+
+May import: itself only. It imports no component (collector, simulator, events, analyzer,
+dashboards, evaluation); they meet in the data, through the store.
 """
 
 __version__ = "0.1.0"

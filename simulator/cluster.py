@@ -45,10 +45,11 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from rankscope.frames import cube_to_frame
 from rankscope.schema import DEFAULT_STAGES, SchemaError, StageSet
+from rankscope.stage_rows import LOCAL_GPU, stage_rows
+from simulator.faults import Fault
 from simulator.model_params import ModelParams
-from simulator.scenario import Fault, Scenario
+from simulator.scenario import Scenario
 
 #: Rows of the per-iteration fault-factor matrix.
 _ATTENTION, _MLP, _OPTIMIZER, _DATALOADER, _LINK = range(5)
@@ -191,14 +192,33 @@ class ClusterSimulator:
     def step(self) -> IterationResult:
         """Simulate the next iteration of every rank."""
         i = self.iteration
-        p = self.params
-        topo = self.topology
-        w = self.world
-        m, layers = p.microbatches, p.layers_per_stage
         rng = np.random.default_rng([self.scenario.seed, 1, i])
+        factor, reporting = self._fault_factors(i)
+        link = factor[_LINK] if (factor[_LINK] != 1.0).any() else None   # None: no link slowed
+        attn, mlp, opt, load = self._compute(rng.standard_normal((4, self.world)), factor)
+        n_ep, n_dp, n_edp = len(self.ep_members), len(self.dp_members), len(self.edp_members)
+        tnoise = np.exp(np.clip(rng.standard_normal(n_ep + self.world + 2 * n_dp + n_edp), -3.5, 3.5)
+                        * self.params.transfer_sigma)
+        dispatch, combine, work = self._all_to_all(attn, mlp, link, tnoise[:n_ep])
+        pp_send, pp_recv, dispatch, arrive = self._pipeline(work, load, dispatch, link,
+                                                            tnoise[n_ep:n_ep + self.world])
+        iteration_ms, reduce_scatter, expert_reduce, all_gather = self._data_parallel(
+            arrive, opt, link, tnoise[n_ep + self.world:])
+        cols = (attn, mlp, dispatch, combine, pp_send, pp_recv, reduce_scatter, expert_reduce, all_gather, opt,
+                load)
+        values = np.empty((self.world, len(cols)))
+        values[:, self._column] = np.column_stack(cols)
+        for name in self.absent_stages:
+            values[:, self.stages.index(name)] = np.nan
+        self._elapsed_ms += float(iteration_ms.max())
+        self.iteration += 1
+        return IterationResult(i, self.start_ms + int(round(self._elapsed_ms)), values, iteration_ms, reporting)
 
-        factor = np.ones((5, w))
-        reporting = np.ones(w, dtype=bool)
+    def _fault_factors(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Iteration ``i``'s factor per row (attention, mlp, optimizer, dataloader, link) and
+        rank, and which ranks report."""
+        factor = np.ones((5, self.world))
+        reporting = np.ones(self.world, dtype=bool)
         for fault, rows in self._faults:
             if not fault.active(i):
                 continue
@@ -207,48 +227,55 @@ class ClusterSimulator:
             for row in rows:
                 factor[row, fault.ranks] *= fault.factor
         self._sporadic(i, factor)
-        link = factor[_LINK]
-        link_hit = bool((link != 1.0).any())
+        return factor, reporting
 
-        z = rng.standard_normal((4, w))
+    def _compute(self, z: np.ndarray, factor: np.ndarray) -> np.ndarray:
+        """Attention, mlp, optimizer and dataloader of every rank (rows), from the noise ``z``."""
         np.clip(z[:3], -3.5, 3.5, out=z[:3])  # bounded compute noise keeps healthy mlp in its band
         noise = np.exp(z * self._sig)
         base = self._base * noise * factor[:4]
         base[:3] *= self.gpu_speed
-        attn, mlp, opt, load = base
         if self.tp_members is not None:  # TP lockstep: each measures its TP group's slowest
-            attn = attn[self.tp_members].max(1)[self.tp_gid]
-            mlp = mlp[self.tp_members].max(1)[self.tp_gid]
-        n_ep, n_dp, n_edp = len(self.ep_members), len(self.dp_members), len(self.edp_members)
-        tnoise = np.exp(np.clip(rng.standard_normal(n_ep + w + 2 * n_dp + n_edp), -3.5, 3.5) * p.transfer_sigma)
+            base[0] = base[0][self.tp_members].max(1)[self.tp_gid]
+            base[1] = base[1][self.tp_members].max(1)[self.tp_gid]
+        return base
 
-        # EP all-to-all, per layer and microbatch
+    def _all_to_all(self, attn: np.ndarray, mlp: np.ndarray, link: np.ndarray | None,
+                    tnoise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """EP all-to-all, per layer and microbatch: dispatch, combine, and each rank's work per
+        microbatch (its EP group's layer steps)."""
+        p = self.params
         so = p.occurrence_sigma
         a_m = attn[self.ep_members]
         m_m = mlp[self.ep_members]
         a_last = (a_m.max(1) + self.c_ep * so * a_m.mean(1))[self.ep_gid]
         m_last = (m_m.max(1) + self.c_ep * so * m_m.mean(1))[self.ep_gid]
-        t_ep = p.ep_transfer_ms * tnoise[:n_ep]
-        if link_hit:
+        t_ep = p.ep_transfer_ms * tnoise
+        if link is not None:
             t_ep = t_ep * link[self.ep_members].max(1)
         t_ep = t_ep[self.ep_gid]
         fwd = p.forward_share
         wait_a, wait_m = a_last - attn, m_last - mlp
         dispatch = fwd * wait_a + (1 - fwd) * wait_m + 2 * t_ep
         combine = fwd * wait_m + (1 - fwd) * wait_a + 2 * t_ep
-        work = layers * (a_last + m_last + 4 * t_ep)
+        return dispatch, combine, p.layers_per_stage * (a_last + m_last + 4 * t_ep)
 
-        # pipeline p2p: each hop carries one activation forward and one gradient back
+    def _pipeline(self, work: np.ndarray, load: np.ndarray, dispatch: np.ndarray, link: np.ndarray | None,
+                  tnoise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Pipeline p2p and 1F1B per chunk: pp_send, pp_recv, dispatch with the catching up of the
+        first all-to-all added, and when each rank's pipeline has drained."""
+        p, topo, w = self.params, self.topology, self.world
+        m, layers = p.microbatches, p.layers_per_stage
+        # each hop carries one activation forward and one gradient back
         x_out = np.zeros(w)
-        hop = 2 * p.pp_transfer_ms * tnoise[n_ep:n_ep + len(self.next_of)]
-        if link_hit:
+        hop = 2 * p.pp_transfer_ms * tnoise[:len(self.next_of)]
+        if link is not None:
             hop = hop * np.maximum(link[self.next_of], link[self.next_rank])
         x_out[self.next_of] = hop
         x_in = np.zeros(w)
         x_in[self.next_rank] = hop
         unit = work + x_in + x_out
-
-        # 1F1B per chunk: the chunk's EP groups lock its pipelines together
+        # the chunk's EP groups lock its pipelines together
         stage_u = unit[self.block_members].max(1).reshape(topo.pp, self.n_chunks)
         period = stage_u.max(0)
         slowest = stage_u.argmax(0)
@@ -264,35 +291,26 @@ class ClusterSimulator:
         pp_recv = transfer + (idle - to_send) / m
         # catching up with the chunk (slower peers, a late data loader) happens in the first all-to-all
         dispatch = dispatch + (my_u - unit) / layers + (start[u] - load) / (layers * m)
-        arrive = start[u] + makespan[u]
+        return pp_send, pp_recv, dispatch, start[u] + makespan[u]
 
-        # DP reduce-scatter (dense), expert reduce-scatter (EDP), optimizer, all-gather, per stage
-        off = n_ep + w
-        ring = link[self.dp_members].max(1) if link_hit else 1.0
-        rs_done = arrive[self.dp_members].max(1) + p.reduce_scatter_ms * ring * tnoise[off:off + n_dp]
+    def _data_parallel(self, arrive: np.ndarray, opt: np.ndarray, link: np.ndarray | None,
+                       tnoise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """DP reduce-scatter (dense), expert reduce-scatter (EDP), optimizer and all-gather, per
+        stage: each rank's iteration_ms, reduce_scatter, expert_reduce and all_gather."""
+        p = self.params
+        n_dp, n_edp = len(self.dp_members), len(self.edp_members)
+        ring = link[self.dp_members].max(1) if link is not None else 1.0
+        rs_done = arrive[self.dp_members].max(1) + p.reduce_scatter_ms * ring * tnoise[:n_dp]
         rs_done_r = rs_done[self.dp_gid]
-        e_off = off + 2 * n_dp
         e_ms = 0.0 if "expert_reduce" in self.absent_stages else p.expert_reduce_ms
-        e_ring = link[self.edp_members].max(1) if link_hit else 1.0
-        ex_done = rs_done_r[self.edp_members].max(1) + e_ms * e_ring * tnoise[e_off:e_off + n_edp]
+        e_ring = link[self.edp_members].max(1) if link is not None else 1.0
+        ex_done = rs_done_r[self.edp_members].max(1) + e_ms * e_ring * tnoise[2 * n_dp:2 * n_dp + n_edp]
         ex_done_r = ex_done[self.edp_gid]
         o_m = opt[self.dp_members]
-        ag_done = (ex_done_r[self.dp_members].max(1) + o_m.max(1) + self.c_dp * so * o_m.mean(1)
-                   + p.all_gather_ms * ring * tnoise[off + n_dp:off + 2 * n_dp])
+        ag_done = (ex_done_r[self.dp_members].max(1) + o_m.max(1) + self.c_dp * p.occurrence_sigma * o_m.mean(1)
+                   + p.all_gather_ms * ring * tnoise[n_dp:2 * n_dp])
         iteration_ms = ag_done[self.dp_gid]
-        reduce_scatter = rs_done_r - arrive
-        expert_reduce = ex_done_r - rs_done_r
-        all_gather = iteration_ms - ex_done_r - opt
-
-        cols = (attn, mlp, dispatch, combine, pp_send, pp_recv, reduce_scatter, expert_reduce, all_gather, opt,
-                load)
-        values = np.empty((w, len(cols)))
-        values[:, self._column] = np.column_stack(cols)
-        for name in self.absent_stages:
-            values[:, self.stages.index(name)] = np.nan
-        self._elapsed_ms += float(iteration_ms.max())
-        self.iteration += 1
-        return IterationResult(i, self.start_ms + int(round(self._elapsed_ms)), values, iteration_ms, reporting)
+        return iteration_ms, rs_done_r - arrive, ex_done_r - rs_done_r, iteration_ms - ex_done_r - opt
 
     def run_length_ms(self, iterations: int | None = None) -> float:
         """Simulated duration of the scenario's iterations (a fresh simulator; this one is untouched)."""
@@ -322,9 +340,11 @@ class ClusterSimulator:
             keep = np.random.default_rng([self.scenario.seed, 5, res.iteration]).random(len(ranks))
             ranks = ranks[keep >= p.drop_rate]
         values = np.round(res.values[ranks], 3)
-        frame = cube_to_frame(self.scenario.job, self.topology, res.iteration,
-                              res.time_ms if time_ms is None else int(time_ms), values,
-                              self.stages.names, np.round(res.iteration_ms[ranks], 3), ranks=ranks)
+        # the model's topology is its placement: one GPU per rank, the rank's local index
+        frame = stage_rows(self.scenario.job, ranks, res.iteration,
+                           res.time_ms if time_ms is None else int(time_ms),
+                           {name: values[:, k] for k, name in enumerate(self.stages.names)},
+                           topo=self.topology, iteration_ms=np.round(res.iteration_ms[ranks], 3), gpu=LOCAL_GPU)
         if p.rank_clock_ms > 0 or p.host_clock_ms > 0:
             own = np.random.default_rng([self.scenario.seed, 6, res.iteration]).uniform(
                 0, p.rank_clock_ms, len(ranks))

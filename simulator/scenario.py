@@ -19,103 +19,27 @@ line it is on.
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rankscope.schema import DEFAULT_STAGES, StageSet
-from rankscope.topology import Topology, TopologyError, parse_ranks
+from rankscope.topology import Topology
+from simulator.faults import FAULT_KINDS, TRANSIENT_DEFAULT_LENGTH, EventSpec, Fault
+from simulator.scenario_parser import (
+    DEFAULT_HOST_PATTERN,
+    ScenarioError,
+    ScenarioParser,
+    job_name,
+    nonnegative_int,
+    positive_int,
+)
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
-FAULT_KINDS = ("compute_slowdown", "link_degradation", "stage_imbalance",
-               "transient_stall", "host_stall", "silent_rank")
-#: Host names of simulated nodes unless ``[topology] host_pattern`` says otherwise.
-DEFAULT_HOST_PATTERN = "gpu-node-{node:05d}"
-#: Iterations a transient stall lasts when the scenario gives no ``end``.
-TRANSIENT_DEFAULT_LENGTH = 3
-
-_TOP_KEYS = {"description", "topology", "run", "model", "fault", "event"}
-_RUN_KEYS = {"job", "iterations", "seed"}
-_FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats"}
-_EVENT_KEYS = {"name", "at", "node", "rank", "severity", "source", "text"}
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot be simulated; the message names the key (and line)."""
-
-
-@dataclass(frozen=True, eq=False)
-class Fault:
-    """One injected fault, resolved against the topology.
-
-    ``ranks`` are the culprit ranks (sorted); ``stage`` the stage the fault slows
-    (compute and host kinds; ``None`` for link_degradation and silent_rank, and for
-    compute_slowdown / stage_imbalance meaning "all compute stages of a layer");
-    ``factor`` multiplies the stage's duration (or, for link_degradation, the
-    transfer time of every collective the ranks take part in); active for
-    iterations ``start <= i < end`` (``end`` None: to the end of the run) and, for a
-    fault that comes and goes, again ``every`` iterations later, ``repeats`` times in all.
-    """
-
-    kind: str
-    ranks: np.ndarray
-    stage: str | None = None
-    factor: float = 1.0
-    start: int = 0
-    end: int | None = None
-    every: int | None = None
-    repeats: int = 1
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Fault):
-            return NotImplemented
-        return (self.kind, self.stage, self.factor, self.start, self.end, self.every, self.repeats) == \
-            (other.kind, other.stage, other.factor, other.start, other.end, other.every, other.repeats) \
-            and np.array_equal(self.ranks, other.ranks)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def active(self, iteration: int) -> bool:
-        if self.every is None or self.end is None:
-            return iteration >= self.start and (self.end is None or iteration < self.end)
-        k, phase = divmod(iteration - self.start, self.every)
-        return iteration >= self.start and k < self.repeats and phase < self.end - self.start
-
-    @property
-    def episodes(self) -> list[tuple[int, int | None]]:
-        """``(start, end)`` of each time the fault is active."""
-        if self.every is None or self.end is None:
-            return [(self.start, self.end)]
-        return [(self.start + k * self.every, self.end + k * self.every) for k in range(self.repeats)]
-
-    def to_dict(self, topology: Topology) -> dict[str, Any]:
-        return {"kind": self.kind, "ranks": [int(r) for r in self.ranks],
-                "nodes": [int(n) for n in topology.nodes_of(self.ranks)],
-                "stage": self.stage, "factor": float(self.factor),
-                "start": int(self.start), "end": None if self.end is None else int(self.end),
-                "every": self.every, "repeats": int(self.repeats),
-                "episodes": [[int(a), None if b is None else int(b)] for a, b in self.episodes]}
-
-
-@dataclass(frozen=True)
-class EventSpec:
-    """An out-of-band event (e.g. a NOC monitor's "server port down") at iteration ``at``."""
-
-    name: str
-    at: int
-    node: int | None = None
-    rank: int | None = None
-    severity: str = "warning"
-    source: str = "out-of-band-monitor"
-    text: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+__all__ = ["DEFAULT_HOST_PATTERN", "FAULT_KINDS", "SCENARIO_DIR", "TRANSIENT_DEFAULT_LENGTH", "EventSpec",
+           "Fault", "Scenario", "ScenarioError", "builtin_scenarios", "load_scenario"]
 
 
 @dataclass(frozen=True)
@@ -137,11 +61,11 @@ class Scenario:
         """A copy with another run length, seed or job name (faults and events unchanged)."""
         changes: dict[str, Any] = {}
         if iterations is not None:
-            changes["iterations"] = _positive_int(iterations, "iterations")
+            changes["iterations"] = positive_int(iterations, "iterations")
         if seed is not None:
-            changes["seed"] = _nonnegative_int(seed, "seed")
+            changes["seed"] = nonnegative_int(seed, "seed")
         if job is not None:
-            changes["job"] = _job_name(job, "job")
+            changes["job"] = job_name(job, "job")
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -151,7 +75,7 @@ class Scenario:
 
         ``source`` and ``text`` (a file's name and content) let errors cite the line.
         """
-        return _Parser(stages, source or (name or "scenario"), text).scenario(data, name)
+        return cls(**ScenarioParser(stages, source or (name or "scenario"), text).scenario(data, name))
 
 
 def builtin_scenarios() -> dict[str, Path]:
@@ -180,239 +104,3 @@ def load_scenario(name_or_path: str | Path, stages: StageSet = DEFAULT_STAGES) -
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: invalid TOML: {exc}") from None
     return Scenario.from_dict(data, name=path.stem, stages=stages, source=str(path), text=text)
-
-
-# ----------------------------------------------------------------- validation
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ScenarioError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _nonnegative_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ScenarioError(f"{what} must be an integer >= 0, got {value!r}")
-    return int(value)
-
-
-def _job_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
-        raise ScenarioError(f"{what} must be a non-empty one-line string, got {value!r}")
-    return value
-
-
-class _Parser:
-    """Validates a scenario dict; errors name the key path and, given the text, its line."""
-
-    def __init__(self, stages: StageSet, source: str, text: str | None):
-        self.stages = stages
-        self.source = source
-        self.lines = text.splitlines() if text is not None else None
-
-    # error helpers
-    def fail(self, path: tuple[Any, ...], message: str) -> ScenarioError:
-        where = _format_path(path)
-        line = self._line_of(path)
-        at = f"line {line}: " if line else ""
-        return ScenarioError(f"{self.source}: {at}{where}: {message}")
-
-    def _line_of(self, path: tuple[Any, ...]) -> int | None:
-        """Locate ``path`` (e.g. ("fault", 1, "ranks")) in the TOML text (1-based line)."""
-        if not self.lines or not path:
-            return None
-        table, rest = str(path[0]), path[1:]
-        if rest and isinstance(rest[0], int):
-            header = re.compile(rf"^\s*\[\[\s*{re.escape(table)}\s*\]\]")
-            starts = [i for i, ln in enumerate(self.lines) if header.match(ln)]
-            if rest[0] >= len(starts):
-                return None
-            start, rest = starts[rest[0]], rest[1:]
-        else:
-            header = re.compile(rf"^\s*\[\s*{re.escape(table)}\s*\]")
-            starts = [i for i, ln in enumerate(self.lines) if header.match(ln)]
-            if not starts:  # a top-level key such as description = "..."
-                key = re.compile(rf"^\s*{re.escape(table)}\s*=")
-                return next((i + 1 for i, ln in enumerate(self.lines) if key.match(ln)), None)
-            start = starts[0]
-        if not rest:
-            return start + 1
-        key = re.compile(rf"^\s*{re.escape(str(rest[0]))}\s*=")
-        for i in range(start + 1, len(self.lines)):
-            if re.match(r"^\s*\[", self.lines[i]):
-                break
-            if key.match(self.lines[i]):
-                return i + 1
-        return start + 1
-
-    def table(self, data: Any, path: tuple[Any, ...], allowed: set[str]) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise self.fail(path, f"expected a table, got {type(data).__name__}")
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            raise self.fail((*path, unknown[0]),
-                            f"unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
-        return data
-
-    def guard(self, path: tuple[Any, ...], fn, *args):
-        try:
-            return fn(*args)
-        except (ScenarioError, TopologyError, ValueError, TypeError) as exc:
-            raise self.fail(path, str(exc)) from None
-
-    # the scenario
-    def scenario(self, data: dict[str, Any], name: str) -> Scenario:
-        from simulator.model_params import ModelParams  # the [model] table's keys
-
-        data = self.table(data, (), _TOP_KEYS) if data else {}
-        if "topology" not in data:
-            raise self.fail(("topology",), "missing: a scenario needs a [topology] table")
-        topo_d = self.table(data["topology"], ("topology",), {f.name for f in dataclasses.fields(Topology)
-                                                               if f.init})
-        topology = self.guard(("topology",), Topology.from_dict,
-                              {"host_pattern": DEFAULT_HOST_PATTERN, **topo_d})
-        run = self.table(data.get("run", {}), ("run",), _RUN_KEYS)
-        job = self.guard(("run", "job"), _job_name, run.get("job", name or "sim"), "job")
-        iterations = self.guard(("run", "iterations"), _positive_int, run.get("iterations", 60), "iterations")
-        seed = self.guard(("run", "seed"), _nonnegative_int, run.get("seed", 0), "seed")
-        description = data.get("description", "")
-        if not isinstance(description, str):
-            raise self.fail(("description",), "must be a string")
-        model = self.table(data.get("model", {}), ("model",), ModelParams.keys())
-        self.guard(("model",), ModelParams.from_dict, dict(model))
-        faults = self.list_of(data.get("fault", []), "fault")
-        events = self.list_of(data.get("event", []), "event")
-        return Scenario(
-            topology=topology, job=job, iterations=iterations, seed=seed,
-            faults=[self.fault(f, i, topology) for i, f in enumerate(faults)],
-            events=[self.event(e, i, topology) for i, e in enumerate(events)],
-            name=name, description=description, model=dict(model),
-        )
-
-    def list_of(self, value: Any, key: str) -> list[Any]:
-        if isinstance(value, dict):
-            return [value]
-        if not isinstance(value, list):
-            raise self.fail((key,), f"expected [[{key}]] tables, got {type(value).__name__}")
-        return value
-
-    def fault(self, data: Any, i: int, topo: Topology) -> Fault:
-        p = ("fault", i)
-        d = self.table(data, p, _FAULT_KEYS)
-        kind = d.get("kind")
-        if kind not in FAULT_KINDS:
-            raise self.fail((*p, "kind"), f"unknown fault kind {kind!r}; one of {', '.join(FAULT_KINDS)}")
-        ranks = self.selector(d, p, topo, kind)
-        stage = self.fault_stage(d, p, kind)
-        if kind == "silent_rank":
-            if "factor" in d:
-                raise self.fail((*p, "factor"), "a silent_rank fault takes no factor (the ranks stop reporting)")
-            factor = 1.0
-        else:
-            if "factor" not in d:
-                raise self.fail((*p, "factor"), f"missing: a {kind} fault needs a factor (e.g. 5.7)")
-            factor = d["factor"]
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not np.isfinite(factor) \
-                    or factor <= 0:
-                raise self.fail((*p, "factor"), f"must be a positive number, got {factor!r}")
-        start = self.guard((*p, "start"), _nonnegative_int, d.get("start", 0), "start")
-        end = d.get("end")
-        if end is None and kind == "transient_stall":
-            end = start + TRANSIENT_DEFAULT_LENGTH
-        if end is not None:
-            end = self.guard((*p, "end"), _nonnegative_int, end, "end")
-            if end <= start:
-                raise self.fail((*p, "end"), f"end ({end}) must be after start ({start})")
-        every, repeats = d.get("every"), d.get("repeats", 1)
-        if every is not None or "repeats" in d:
-            if end is None:
-                raise self.fail((*p, "every"), "a fault that repeats needs an end (the length of one episode)")
-            every = self.guard((*p, "every"), _positive_int, every, "every") if every is not None else None
-            repeats = self.guard((*p, "repeats"), _positive_int, repeats, "repeats")
-            if every is None:
-                raise self.fail((*p, "every"), "repeats needs every = N (iterations from one start to the next)")
-            if every <= end - start:
-                raise self.fail((*p, "every"), f"every ({every}) must exceed the episode length "
-                                               f"({end - start}): the episodes would overlap")
-        return Fault(kind=kind, ranks=ranks, stage=stage, factor=float(factor), start=start, end=end,
-                     every=every, repeats=int(repeats))
-
-    def selector(self, d: dict[str, Any], p: tuple[Any, ...], topo: Topology, kind: str) -> np.ndarray:
-        given = [k for k in ("ranks", "node", "pp") if k in d]
-        if len(given) != 1:
-            raise self.fail(p, f"a fault needs exactly one of ranks =, node = or pp = (got "
-                               f"{', '.join(given) or 'none'})")
-        key = given[0]
-        if kind == "stage_imbalance" and key != "pp":
-            raise self.fail((*p, key), "a stage_imbalance fault names its pipeline stage: pp = N")
-        value = d[key]
-        if isinstance(value, np.ndarray):  # programmatic scenarios may pass arrays
-            value = value.tolist()
-        if key == "ranks":
-            ranks = self.guard((*p, key), parse_ranks, value)
-            return self.guard((*p, key), topo.check_ranks, ranks)
-        if key == "node":
-            nodes = self.guard((*p, key), parse_ranks, value)
-            return self.guard((*p, key), topo.node_ranks, nodes)
-        stages = self.guard((*p, key), parse_ranks, value)
-        bad = stages[(stages < 0) | (stages >= topo.pp)]
-        if bad.size:
-            raise self.fail((*p, key), f"pipeline stage {int(bad[0])} is outside 0..{topo.pp - 1}")
-        return np.flatnonzero(np.isin(topo.pp_index, stages)).astype(np.int64)
-
-    def fault_stage(self, d: dict[str, Any], p: tuple[Any, ...], kind: str) -> str | None:
-        stage = d.get("stage")
-        if stage is not None and not isinstance(stage, str):
-            raise self.fail((*p, "stage"), f"must be a stage name, got {stage!r}")
-        if kind in ("link_degradation", "silent_rank"):
-            if stage is not None:
-                raise self.fail((*p, "stage"), f"a {kind} fault takes no stage "
-                                               f"({'it slows the transfers of the ranks' if kind == 'link_degradation' else 'the ranks stop reporting'})")
-            return None
-        want = "host" if kind == "host_stall" else "compute"
-        if stage is None:
-            return {"host_stall": "dataloader", "transient_stall": "attention"}.get(kind)
-        if stage not in self.stages:
-            raise self.fail((*p, "stage"), f"unknown stage {stage!r}; known: {', '.join(self.stages.names)}")
-        if self.stages[stage].kind != want:
-            choices = ", ".join(self.stages.of_kind(want))
-            raise self.fail((*p, "stage"), f"a {kind} fault slows a {want} stage ({choices}); "
-                                           f"{stage!r} is a {self.stages[stage].kind} stage")
-        return stage
-
-    def event(self, data: Any, i: int, topo: Topology) -> EventSpec:
-        p = ("event", i)
-        d = self.table(data, p, _EVENT_KEYS)
-        name = self.guard((*p, "name"), _job_name, d.get("name"), "name")
-        if "at" not in d:
-            raise self.fail((*p, "at"), "missing: the iteration the event happens at")
-        at = self.guard((*p, "at"), _nonnegative_int, d["at"], "at")
-        node = d.get("node")
-        rank = d.get("rank")
-        if rank is not None:
-            rank = int(self.guard((*p, "rank"), topo.check_ranks, [self.guard((*p, "rank"), _nonnegative_int, rank, "rank")])[0])
-        if node is not None:
-            node = self.guard((*p, "node"), _nonnegative_int, node, "node")
-            if node >= topo.nodes:
-                raise self.fail((*p, "node"), f"node {node} is outside 0..{topo.nodes - 1}")
-            if rank is not None and int(topo.node_index[rank]) != node:
-                raise self.fail((*p, "rank"), f"rank {rank} is on node {int(topo.node_index[rank])}, not {node}")
-        elif rank is not None:
-            node = int(topo.node_index[rank])
-        kwargs = {}
-        for key in ("severity", "source", "text"):
-            if key in d:
-                kwargs[key] = self.guard((*p, key), _job_name if key != "text" else _text, d[key], key)
-        return EventSpec(name=name, at=at, node=node, rank=rank, **kwargs)
-
-
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise ScenarioError(f"{what} must be a string, got {value!r}")
-    return value
-
-
-def _format_path(path: tuple[Any, ...]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "scenario"

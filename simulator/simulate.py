@@ -21,7 +21,8 @@ from rankscope.schema import DEFAULT_STAGES, StageSet
 from rankscope.store import Store
 from rankscope.topology import Topology
 from simulator.cluster import ClusterSimulator
-from simulator.scenario import EventSpec, Scenario
+from simulator.faults import EventSpec
+from simulator.scenario import Scenario
 from simulator.truth import Truth
 
 
@@ -62,59 +63,85 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
         scenario = scenario.with_overrides(iterations=iterations)
     if not (isinstance(speed, (int, float)) and np.isfinite(speed) and speed > 0):
         raise ValueError(f"speed must be a positive number, got {speed!r}")
-    now = int(time.time() * 1000)
-    if live:
-        begin = now
-    elif start_ms is not None:
-        begin = int(start_ms)
-    else:
-        begin = now - int(round(ClusterSimulator(scenario, stages).run_length_ms()))
-    sim = ClusterSimulator(scenario, stages, start_ms=begin)
+    sim = ClusterSimulator(scenario, stages, start_ms=_begin_ms(scenario, stages, live, start_ms))
     truth = Truth.from_scenario(scenario)
-    events_at: dict[int, list[EventSpec]] = {}
-    for ev in scenario.events:
-        events_at.setdefault(ev.at, []).append(ev)
     bar = tqdm(total=scenario.iterations, desc=f"simulate {scenario.job}", unit="it",
                disable=None if progress else True, leave=True, dynamic_ncols=True)
     wall0 = time.monotonic()
     if live and truth_path is not None:
         truth.write(truth_path)
-    def post_iteration(frame: pd.DataFrame) -> int:
-        return store.write_stage_latency(frame).written
-
-    def post_events(frame: pd.DataFrame) -> int:
-        store.write_measurement(schema.EVENT, frame)
-        return 0  # counted as events, not stage_latency points
-
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-sim-writer")
-    pending: list[Future] = []
-    points = 0
+    writer = _Writer(store)
     try:
-        for _ in range(scenario.iterations):
-            res = sim.step()
-            stamp = res.time_ms
-            if live:
-                due = wall0 + (sim.elapsed_ms / 1000.0) / speed
-                time.sleep(max(0.0, due - time.monotonic()))
-                stamp = int(time.time() * 1000)
-            frame = sim.frame(res, stamp) if res.reporting.any() else None
-            while pending:
-                points += pending.pop(0).result()  # raises the writer's error, if any
-            if frame is not None:
-                pending.append(pool.submit(post_iteration, frame))
-            if res.iteration in events_at:
-                ev = events_frame(scenario.job, events_at[res.iteration], stamp, scenario.topology)
-                pending.append(pool.submit(post_events, ev))
-            truth.times_ms.append(stamp)
-            bar.update(1)
-            bar.set_postfix_str(f"{res.job_iteration_ms / 1000:.1f} s/iteration, {points:,} points",
-                                refresh=False)
-        while pending:
-            points += pending.pop(0).result()
+        _run(sim, writer, truth, bar, wall0 if live else None, speed)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        writer.close()
         bar.close()
         truth.finalise()
         if truth_path is not None:
             truth.write(truth_path)
     return truth
+
+
+def _begin_ms(scenario: Scenario, stages: StageSet, live: bool, start_ms: int | None) -> int:
+    """Where the simulated clock starts: now (live), ``start_ms``, or the run's length before now."""
+    now = int(time.time() * 1000)
+    if live:
+        return now
+    if start_ms is not None:
+        return int(start_ms)
+    return now - int(round(ClusterSimulator(scenario, stages).run_length_ms()))
+
+
+class _Writer:
+    """One writer thread: it posts iteration i while the model computes iteration i+1."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-sim-writer")
+        self.pending: list[Future] = []
+        self.points = 0   # stage_latency points written
+
+    def drain(self) -> None:
+        """Wait for what was posted (raises the writer's error, if any)."""
+        while self.pending:
+            self.points += self.pending.pop(0).result()
+
+    def post_iteration(self, frame: pd.DataFrame) -> None:
+        self.pending.append(self.pool.submit(lambda: self.store.write_stage_latency(frame).written))
+
+    def post_events(self, frame: pd.DataFrame) -> None:
+        def write() -> int:
+            self.store.write_measurement(schema.EVENT, frame)
+            return 0  # counted as events, not stage_latency points
+        self.pending.append(self.pool.submit(write))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0: float | None,
+         speed: float) -> None:
+    """Step every iteration of the scenario and post its points and events; ``wall0`` (live):
+    the wall clock the run started at, each iteration waits for its simulated time."""
+    scenario = sim.scenario
+    events_at: dict[int, list[EventSpec]] = {}
+    for ev in scenario.events:
+        events_at.setdefault(ev.at, []).append(ev)
+    for _ in range(scenario.iterations):
+        res = sim.step()
+        stamp = res.time_ms
+        if wall0 is not None:
+            due = wall0 + (sim.elapsed_ms / 1000.0) / speed
+            time.sleep(max(0.0, due - time.monotonic()))
+            stamp = int(time.time() * 1000)
+        frame = sim.frame(res, stamp) if res.reporting.any() else None
+        writer.drain()
+        if frame is not None:
+            writer.post_iteration(frame)
+        if res.iteration in events_at:
+            writer.post_events(events_frame(scenario.job, events_at[res.iteration], stamp, scenario.topology))
+        truth.times_ms.append(stamp)
+        bar.update(1)
+        bar.set_postfix_str(f"{res.job_iteration_ms / 1000:.1f} s/iteration, {writer.points:,} points",
+                            refresh=False)
+    writer.drain()

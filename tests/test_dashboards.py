@@ -17,13 +17,15 @@ from dashboards.panels import (
     HEATMAP_RECENT_MAX_CELLS,
     Layout,
     rows_heatmap,
+    source,
 )
 from dashboards.provisioning import dump_yaml
 from dashboards.routing import Route
 from dashboards.variables import IL0477_TOPOLOGY
 from rankscope import schema
 from rankscope.cli import main
-from rankscope.config import LONG_POLICY, RAW_MEASUREMENTS, policy_of
+from rankscope.config import LONG_POLICY, RAW_MEASUREMENTS, Retention, policy_of
+from rankscope.store import InfluxStore
 from tests.grafana_macros import TimeRange, answers, panel_interval_ms, round_interval
 
 MODELS = provisioning.dashboard_models()
@@ -271,6 +273,19 @@ def test_every_query_names_the_retention_policy_of_what_it_reads():
                 assert parts == [LONG_POLICY, measurement], (where, src)
             else:
                 assert parts == [measurement], (where, src)
+
+
+@pytest.mark.parametrize("policy", [None, "autogen"], ids=["layout", "one-policy"])
+def test_the_dashboards_read_each_measurement_where_the_store_reads_it(policy):
+    """One FROM (rankscope.store.influxql): the dashboards' and the store's agree on every
+    measurement, a retention policy set for everything included, and the generated queries read
+    nothing else."""
+    store = InfluxStore("http://127.0.0.1:1", "db", api="v2", retention=Retention(), retention_policy=policy)
+    for measurement in schema.MEASUREMENTS:
+        assert source(measurement, policy) == store.source(measurement), measurement
+    if policy is None:
+        froms = {src for _, q in _all_queries() for src in FROM.findall(q)}
+        assert froms <= {store.source(m) for m in schema.MEASUREMENTS}, froms
 
 
 def test_raw_points_are_read_only_by_bounded_drill_downs():

@@ -10,6 +10,7 @@ import urllib.parse
 import urllib.request
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dashboards import provisioning
@@ -145,6 +146,24 @@ def test_alert_rule_query_returns_rows_and_fires_on_il0477(il0477, rule):
     if rule.uid == "rankscope-incident-open":   # one alert per culprit host, labelled with it
         assert {s["tags"]["host"] for s in res.series} == {"gpu-node-01294"}
         assert {s["tags"]["class"] for s in res.series} == {"compute_straggler"}
+
+
+def test_the_group_alert_reads_the_analyzers_verdict(influx_store):
+    """The L2 group rule fires where the analyzer flagged a group (``l2_group.anomalous``), with no
+    CV threshold of its own: a group above 0.8 that the analyzer did not flag (its cv_threshold set
+    higher) stays quiet, one below 0.8 that it flagged (set lower) fires."""
+    (rule,) = [r for r in rankscope_alert_groups()[0].rules if r.uid == "rankscope-l2-group-cv"]
+    now = int(time.time() * 1000)
+    base = {"time": now - 60_000, "job": "j", "group_type": "ep", "mean": 1.0, "median": 1.0,
+            "min": 0.5, "max": 3.0, "std": 1.0, "size": 8}
+    influx_store.write_measurement(schema.L2_GROUP, pd.DataFrame([
+        {**base, "group_id": 0, "stage": "mlp", "cv": 1.5, "anomalous": 0},
+        {**base, "group_id": 1, "stage": "dispatch", "cv": 0.5, "anomalous": 1}]))
+    tr = TimeRange(now - rule.query.from_s * 1000, now)
+    res = influx_query(influx_store.url, influx_store.bucket, interpolate(rule.query.query, {}, tr, 1000))
+    reduced = {s["tags"]["stage"]: max(r[1] for r in s["values"] if r[1] is not None) for s in res.series}
+    assert reduced == {"dispatch": 0.5}
+    assert _threshold_fires([reduced["dispatch"]], rule.threshold.op, rule.threshold.value)
 
 
 def test_the_database_keeps_raw_points_7_days_and_the_rest_400_days(il0477):

@@ -11,7 +11,7 @@ import pytest
 from rankscope import schema
 from rankscope.frames import cube_to_frame, frame_to_cube
 from rankscope.lineprotocol import LineProtocolError
-from rankscope.store import InfluxStore, RejectedPointsError, open_store
+from rankscope.store import InfluxStore, RejectedPointsError, influxql, open_store
 from rankscope.topology import Topology
 
 IL = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8)
@@ -299,6 +299,8 @@ def test_without_a_retention_the_policies_exist_and_nothing_expires(influx_store
     influx_store.write_stage_latency(_iteration_frame(Topology(tp=1, pp=1, dp=2, gpus_per_node=2), time_ms=2000))
     assert influx_store.retention_policies() == {"raw": (0, True), "long": (0, False)}
     assert _count(influx_store, '"long"."incident"') == 1
+    # the FROM the dashboards read too (rankscope.store.influxql)
+    assert all(influx_store.source(m) == influxql.source(m) for m in schema.MEASUREMENTS)
     assert influx_store.read(schema.INCIDENT, "r")["time"].tolist() == [1000]
     assert len(influx_store.read_stage_latency("il-0477")) == 2
 
@@ -319,6 +321,7 @@ def test_a_database_made_before_the_policies_keeps_its_history(influx_url):
         day_ago = int(time.time() * 1000) - 86_400_000
         store.write_measurement(schema.INCIDENT, _incident_frame(day_ago, job="j"))
         assert store.retention_policies() == {"autogen": (0, True)}      # untouched
+        assert old.source(schema.INCIDENT) == influxql.source(schema.INCIDENT, "autogen") == '"autogen"."incident"'
         assert len(store.read_stage_latency("j")) == 2 and len(store.read(schema.INCIDENT, "j")) == 1
         # turning retention on makes raw the default policy and moves the history into long
         managed = InfluxStore(influx_url, db, api="v1", retention=Retention())

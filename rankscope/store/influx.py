@@ -10,21 +10,15 @@ picked from the ``X-Influxdb-Version`` header of ``/ping``; ``api="v1"`` or
 Credentials come from the environment (see :func:`rankscope.config.influx_settings`);
 they are never logged and never part of ``repr``.
 
-Retention (docs/schema.md): raw ``stage_latency`` lives in the database's default policy
-(``raw`` on databases this store creates), everything else in the policy ``long``. On 1.x the
-store creates both with the database (``_ensure_database``) and adds ``long`` to a database
-that lacks it; with a :class:`~rankscope.config.Retention` it also sets their durations (and
-makes ``raw`` the default), without one nothing expires. Writes name the policy (``/write?rp=``;
-on 2.x/3.x the bucket ``<bucket>/long``), reads name it in FROM (``"long"."incident"``). A
-database without ``long`` (made before it existed, or a 2.x bucket nobody set up) is read and
-written as before, everything in its default policy.
+Retention (docs/schema.md): raw ``stage_latency`` lives in the database's default policy,
+everything else in the policy ``long``; :mod:`rankscope.store.influx_retention` makes and finds
+them. Writes name the policy (``/write?rp=``; on 2.x/3.x the bucket ``<bucket>/long``), reads
+name it in FROM (``"long"."incident"``, built by :mod:`rankscope.store.influxql`).
 """
 
 from __future__ import annotations
 
 import base64
-import io
-import json
 import logging
 import re
 import time
@@ -36,22 +30,22 @@ from collections.abc import Sequence
 import pandas as pd
 
 from rankscope import schema
-from rankscope.config import LONG_POLICY, RAW_POLICY, Retention, policy_of
-from rankscope.lineprotocol import encode_frame, quote_ident, quote_string
-from rankscope.store.base import INT_TAGS, Store, StoreError, normalise_frame
+from rankscope.config import Retention
+from rankscope.lineprotocol import encode_frame, quote_ident
+from rankscope.store.base import Store, StoreError, normalise_frame
+from rankscope.store.influx_answers import parse_csv, parse_json, raise_statement_error
+from rankscope.store.influx_retention import RetentionLayout
+from rankscope.store.influxql import from_clause, where_clause
 from rankscope.store.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
 #: Points per HTTP write request.
 WRITE_BATCH = 10_000
-#: How long "this database has no ``long`` policy" is believed before it is asked again.
-LAYOUT_RECHECK_S = 60.0
-_GO_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _BEYOND_RETENTION = re.compile(r"points beyond retention policy dropped=(\d+)")
 
 
-class InfluxStore(Store):
+class InfluxStore(RetentionLayout, Store):
     """A store on an InfluxDB server.
 
     Parameters
@@ -98,9 +92,7 @@ class InfluxStore(Store):
         self._username = username
         self._password = password
         self._api = api
-        self._db_ready = False
-        self._layout: frozenset[str] | None = None   # the database's retention policies
-        self._layout_miss_at = -LAYOUT_RECHECK_S
+        self._forget_layout()
         self._client = None
         self._write_api = None
         self._prefixes = PrefixCache()
@@ -164,138 +156,18 @@ class InfluxStore(Store):
         headers = {"Accept": "application/csv"} if accept_csv else {}
         _, body, ctype = self._request("/query", params, headers=headers)
         if "csv" in ctype:
-            return _parse_csv(body)
-        return _parse_json(body)
+            return parse_csv(body)
+        return parse_json(body)
 
     def execute(self, q: str) -> None:
         """Run a statement that returns no rows (CREATE DATABASE, DROP ...)."""
         _, body, _ = self._request("/query", {"q": q, "db": self.bucket})
-        _raise_statement_error(body)
+        raise_statement_error(body)
 
     # --------------------------------------------------------------- writes
-    def _ensure_database(self) -> None:
-        """1.x: the database with its policies ``raw`` (default) and ``long``; durations set
-        when the store has a :class:`Retention`, INF for a database it creates without one."""
-        if self._db_ready or self.api != "v1":
-            return
-        for attempt in (0, 1):
-            try:
-                self._ensure_policies()
-                break
-            except StoreError as exc:   # another writer created the same thing meanwhile
-                if attempt or not any(w in str(exc) for w in ("already exists", "conflicts")):
-                    raise
-        self._db_ready = True
-        self._layout = None
-        self._layout_miss_at = -LAYOUT_RECHECK_S
-
-    def retention_policies(self) -> dict[str, tuple[int, bool]] | None:
-        """The database's retention policies: name -> (duration in seconds, 0 = INF; default?).
-        None when the database does not exist."""
-        try:
-            df = self.query_raw(f"SHOW RETENTION POLICIES ON {quote_ident(self.bucket)}")
-        except StoreError as exc:
-            if "database not found" in str(exc):
-                return None
-            raise
-        if not len(df) or "name" not in df.columns:
-            return {}
-        default = df["default"] if "default" in df.columns else pd.Series(False, index=df.index)
-        duration = df["duration"] if "duration" in df.columns else pd.Series("0s", index=df.index)
-        return {str(n): (_go_duration_s(str(d)), bool(f)) for n, d, f in zip(df["name"], duration, default,
-                                                                           strict=True)}
-
-    def _ensure_policies(self) -> None:
-        db = quote_ident(self.bucket)
-        ret = self.retention
-        literal = {RAW_POLICY: ret.duration(RAW_POLICY) if ret else "INF",
-                   LONG_POLICY: ret.duration(LONG_POLICY) if ret else "INF"}
-        have = self.retention_policies()
-        created = have is None
-        if created:
-            self.execute(f"CREATE DATABASE {db} WITH DURATION {literal[RAW_POLICY]} REPLICATION 1 "
-                         f"NAME {quote_ident(RAW_POLICY)}")
-            have = {RAW_POLICY: (ret.seconds(RAW_POLICY) if ret else 0, True)}
-        if LONG_POLICY not in have:
-            if not created and ret is None:
-                return   # a database made before the policies: read and written as before
-            self.execute(f"CREATE RETENTION POLICY {quote_ident(LONG_POLICY)} ON {db} "
-                         f"DURATION {literal[LONG_POLICY]} REPLICATION 1")
-            have[LONG_POLICY] = (ret.seconds(LONG_POLICY) if ret else 0, False)
-            if not created:
-                self._move_history_to_long(have)
-        if ret is None:
-            return   # durations are the operator's (or INF on a database made here)
-        if RAW_POLICY not in have:
-            log.warning("database %s: raw points move from its default policy to the new policy %r "
-                        "(%s); the points already in the old default stay there (docs/schema.md)",
-                        self.bucket, RAW_POLICY, literal[RAW_POLICY])
-            self.execute(f"CREATE RETENTION POLICY {quote_ident(RAW_POLICY)} ON {db} "
-                         f"DURATION {literal[RAW_POLICY]} REPLICATION 1 DEFAULT")
-            have[RAW_POLICY] = (ret.seconds(RAW_POLICY), True)
-        for policy in (RAW_POLICY, LONG_POLICY):
-            seconds, is_default = have[policy]
-            changes = "" if seconds == ret.seconds(policy) else f" DURATION {literal[policy]}"
-            if policy == RAW_POLICY and not is_default:
-                changes += " DEFAULT"
-            if changes:
-                self.execute(f"ALTER RETENTION POLICY {quote_ident(policy)} ON {db}{changes}")
-
-    def _move_history_to_long(self, have: dict[str, tuple[int, bool]]) -> None:
-        """Copy what a database held before it had ``long`` (incidents, events, analyzer points)
-        from its default policy into ``long``, which reads name from now on: the history stays
-        visible. Raw points stay where they are (they expire there)."""
-        default = next((n for n, (_, is_default) in have.items() if is_default), None)
-        if default is None or default == LONG_POLICY:
-            return
-        names = [m for m in schema.MEASUREMENTS if policy_of(m) == LONG_POLICY]
-        pattern = "|".join(re.escape(m) for m in names)
-        log.warning("database %s: copying %s from policy %r into %r, where they are read from now on",
-                    self.bucket, ", ".join(names), default, LONG_POLICY)
-        try:
-            self.execute(f"SELECT * INTO {quote_ident(self.bucket)}.{quote_ident(LONG_POLICY)}.:MEASUREMENT "
-                         f"FROM {quote_ident(self.bucket)}.{quote_ident(default)}./^({pattern})$/ GROUP BY *")
-        except StoreError as exc:
-            if "beyond retention" not in str(exc):
-                raise
-            log.warning("database %s: points older than the long retention were not copied", self.bucket)
-
-    def _policies(self) -> frozenset[str]:
-        """Names of the database's retention policies (cached; a database without ``long`` is
-        asked again after :data:`LAYOUT_RECHECK_S`)."""
-        if self._layout is not None:
-            return self._layout
-        now = time.monotonic()
-        if now - self._layout_miss_at < LAYOUT_RECHECK_S:
-            return frozenset()
-        try:
-            have = self.retention_policies()
-        except StoreError:
-            if self.api == "v1":
-                raise
-            have = None   # a server that lists no policies (3.x): no layout
-        names = frozenset(have or ())
-        if LONG_POLICY in names:
-            self._layout = names
-        else:
-            self._layout_miss_at = now
-        return names
-
-    def policy(self, measurement: str) -> str | None:
-        """The retention policy ``measurement`` is written to and read from; None: the
-        database's default policy (raw points, or a database without the ``long`` policy)."""
-        if self.retention_policy:
-            return self.retention_policy
-        if policy_of(measurement) != LONG_POLICY:
-            return None
-        if self.api == "v2" and self.retention is not None:
-            return LONG_POLICY   # set up by the deployment (compose's influxdb-setup)
-        return LONG_POLICY if LONG_POLICY in self._policies() else None
-
     def source(self, measurement: str) -> str:
         """``"long"."incident"`` or ``"stage_latency"``: the InfluxQL FROM of ``measurement``."""
-        rp = self.policy(measurement)
-        return f"{quote_ident(rp)}.{quote_ident(measurement)}" if rp else quote_ident(measurement)
+        return from_clause(measurement, self.policy(measurement))
 
     def write_lines(self, lines: Sequence[str], policy: str | None = None) -> None:
         """Send encoded line protocol (ms precision) in batches of ``WRITE_BATCH``, into
@@ -373,21 +245,8 @@ class InfluxStore(Store):
         self.write_lines(lines, self.policy(measurement))
 
     # ---------------------------------------------------------------- reads
-    def _where(self, job: str | None, start_ms: int | None, end_ms: int | None,
-               where: dict[str, str | int] | None) -> str:
-        conds = []
-        if job is not None:
-            conds.append(f"{quote_ident('job')} = {quote_string(job)}")
-        for k, v in (where or {}).items():
-            conds.append(f"{quote_ident(k)} = {quote_string('' if v is None else str(v))}")
-        if start_ms is not None:
-            conds.append(f"time >= {int(start_ms)}ms")
-        if end_ms is not None:
-            conds.append(f"time <= {int(end_ms)}ms")
-        return (" WHERE " + " AND ".join(conds)) if conds else ""
-
     def read(self, measurement, job=None, start_ms=None, end_ms=None, where=None) -> pd.DataFrame:
-        q = f"SELECT * FROM {self.source(measurement)}{self._where(job, start_ms, end_ms, where)}"
+        q = f"SELECT * FROM {self.source(measurement)}{where_clause(job, start_ms, end_ms, where)}"
         try:
             # CSV parses several times faster; its header names columns ``name`` and
             # ``tags``, so it is used only where no tag or field is called that.
@@ -404,7 +263,7 @@ class InfluxStore(Store):
         None when the job (or the database) has no point; ``{}`` when points carry no rank."""
         try:
             last = self.query_raw(f"SELECT * FROM {self.source(measurement)}"
-                                  f"{self._where(job, None, None, None)} ORDER BY time DESC LIMIT 1")
+                                  f"{where_clause(job, None, None, None)} ORDER BY time DESC LIMIT 1")
         except StoreError as exc:
             if "database not found" in str(exc):
                 return None
@@ -417,7 +276,7 @@ class InfluxStore(Store):
         probe = self._probe(measurement, job)
         if probe is None:
             return []
-        df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{self._where(job, None, None, probe)} "
+        df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{where_clause(job, None, None, probe)} "
                             f"ORDER BY time DESC LIMIT {int(n)}")
         return sorted({int(t) for t in df["time"]}, reverse=True) if len(df) else []
 
@@ -441,7 +300,7 @@ class InfluxStore(Store):
 
     def _times(self, measurement: str, job: str, start: int | None, probe: dict[str, str], n: int) -> list[int]:
         try:
-            df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{self._where(job, start, None, probe)} "
+            df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{where_clause(job, start, None, probe)} "
                                 f"ORDER BY time ASC LIMIT {int(n)}")
         except StoreError as exc:
             if "database not found" in str(exc):
@@ -462,9 +321,7 @@ class InfluxStore(Store):
     def drop_database(self) -> None:
         """Drop the 1.x database (tests)."""
         self.execute(f"DROP DATABASE {quote_ident(self.bucket)}")
-        self._db_ready = False
-        self._layout = None
-        self._layout_miss_at = -LAYOUT_RECHECK_S
+        self._forget_layout()
 
     def close(self) -> None:
         if self._client is not None:
@@ -472,70 +329,3 @@ class InfluxStore(Store):
             self._client = None
             self._write_api = None
 
-
-def _go_duration_s(text: str) -> int:
-    """``168h0m0s`` (InfluxDB's SHOW RETENTION POLICIES) in seconds; ``0s`` is INF."""
-    m = _GO_DURATION.fullmatch(text.strip())
-    if not m:
-        return 0
-    h, mi, se = (int(g) if g else 0 for g in m.groups())
-    return h * 3600 + mi * 60 + se
-
-
-def _raise_statement_error(body: bytes) -> None:
-    try:
-        data = json.loads(body or b"{}")
-    except ValueError:
-        return
-    for res in data.get("results", []):
-        if "error" in res:
-            raise StoreError(f"InfluxQL error: {res['error']}")
-    if "error" in data:
-        raise StoreError(f"InfluxQL error: {data['error']}")
-
-
-def _string_columns() -> frozenset[str]:
-    """Columns that stay strings when read back from CSV: string tags and string fields."""
-    out = set()
-    for m in schema.MEASUREMENTS.values():
-        out.update(t for t in m.tags if t not in INT_TAGS)
-        out.update(f for f, kind in m.fields.items() if kind == "str")
-    return frozenset(out)
-
-
-STRING_COLUMNS = _string_columns()
-
-
-def _parse_csv(body: bytes) -> pd.DataFrame:
-    """InfluxDB's CSV answer as a frame; numbers where the text is numeric, except
-    in the schema's string columns (a job named "7" stays "7")."""
-    if not body.strip():
-        return pd.DataFrame()
-    if body.lstrip().startswith(b"{"):
-        return _parse_json(body)
-    head = body[: body.find(b"\n")].decode(errors="replace").split(",")
-    dtypes = {c: str for c in head if c in STRING_COLUMNS or c == "tags"}
-    df = pd.read_csv(io.BytesIO(body), dtype=dtypes, keep_default_na=False, na_values=[""])
-    if "error" in df.columns and len(df.columns) <= 2:
-        raise StoreError(f"InfluxQL error: {df['error'].iloc[0]}")
-    df = df.drop(columns=[c for c in ("name", "tags") if c in df.columns])
-    for c in df.columns:
-        if c in STRING_COLUMNS:
-            df[c] = df[c].astype(object).where(df[c].notna() & (df[c] != ""), None)
-    return df
-
-
-def _parse_json(body: bytes) -> pd.DataFrame:
-    data = json.loads(body or b"{}")
-    if "error" in data:
-        raise StoreError(f"InfluxQL error: {data['error']}")
-    frames = []
-    for res in data.get("results", []):
-        if "error" in res:
-            raise StoreError(f"InfluxQL error: {res['error']}")
-        for s in res.get("series", []):
-            f = pd.DataFrame(s.get("values", []), columns=s["columns"])
-            for k, v in (s.get("tags") or {}).items():
-                f[k] = v
-            frames.append(f)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
