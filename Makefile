@@ -5,6 +5,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.torch
+BENCH  := $(VENV)/.bench
+TORCH_VERSION := 2.13.0
+# A pip constraint holding torch at the build installed (2.13.0+cpu), written before each install
+# that comes after torch's, so that no package can replace it.
+TORCH_PIN := $(VENV)/torch-constraint.txt
 
 .PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager prometheus clean torch-demo
 
@@ -17,8 +22,16 @@ $(STAMP): pyproject.toml
 # torch for the collector's real torch.distributed run (CPU build; pinned so that pip
 # never resolves a multi-GB CUDA build). Kept out of the runtime dependencies.
 $(TORCH): $(STAMP)
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
 	touch $(TORCH)
+
+# The peers the benchmarks compare with (ruptures, river, nvidia-resiliency-ext, HTA: the
+# `bench` extra), installed under the torch pin: nvidia-resiliency-ext asks for torch>=2.3,
+# which the CPU build already satisfies, and the pin keeps pip from resolving a CUDA build.
+$(BENCH): $(TORCH) pyproject.toml
+	$(PY) -c "from importlib.metadata import version; print('torch==' + version('torch'))" > $(TORCH_PIN)
+	$(PY) -m pip install --quiet -c $(TORCH_PIN) -e '.[bench]'
+	touch $(BENCH)
 
 # apt_install: install Debian package $(2) unless one of the commands $(1) is on PATH.
 # As root apt-get runs directly, otherwise through sudo; `env` carries DEBIAN_FRONTEND in
@@ -53,20 +66,23 @@ prometheus:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# pytest on TEST_WORKERS processes (pytest-xdist; 0: in this one). Each test file runs on one
+# worker, and the files that read a dataset built once per run (IL-0477 at full scale, the
+# compute-slowdown built-in) on one worker together: tests/conftest.py.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(TORCH) influxdb chromium alertmanager prometheus lint
 	$(VENV)/bin/rankscope dashboards check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/rankscope demo
 
-bench: $(STAMP) $(TORCH) influxdb
+bench: $(BENCH) influxdb
 	$(PY) -m benchmarks.run
 
-# Accuracy suite + peers side by side (ruptures, river, nvidia-resiliency-ext, HTA: the `bench` extra).
-# The CPU torch goes in first so that nvidia-resiliency-ext never pulls a CUDA build.
-bench-accuracy: $(STAMP) $(TORCH) influxdb
-	$(PY) -m pip install --quiet -e '.[bench]'
+# Accuracy suite (the full-size runs the tests leave to it) + peers side by side.
+bench-accuracy: $(BENCH) influxdb
 	$(PY) -m benchmarks.run accuracy peers
 
 # A real 8-process gloo DDP job on CPU, instrumented, rank 5 slow in mlp from iteration 15.

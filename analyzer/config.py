@@ -1,8 +1,9 @@
 """Analyzer thresholds, all in one typed record (defaults from IL-0477 and calibration).
 
 Loaded from the ``[analyzer]`` table of a TOML file (``--config``, read by
-:func:`load_config`, together with an optional ``[stages]`` table); unknown keys
-are refused by name. Most settings can change while the analyzer runs
+:func:`load_config`, together with an optional ``[stages]`` table). Every value is checked
+against its rule (:mod:`analyzer.config_schema`: type, finite, range, relations between
+keys; unknown keys refused by name), and a file with any bad value is refused whole. Most settings can change while the analyzer runs
 (:mod:`analyzer.service.config_watch`); those in :data:`RESTART_ONLY` size the detectors'
 state and take effect at the next start.
 
@@ -19,7 +20,10 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from analyzer.config_schema import RULES, ConfigError, check
 from rankscope.schema import SchemaError, StageSet
+
+__all__ = ["RESTART_ONLY", "AnalyzerConfig", "ConfigError", "changes", "load_config"]
 
 #: Settings that size state (ring buffers, history windows, baselines' memory): a change
 #: takes effect when the analyzer restarts, not at a reload.
@@ -71,7 +75,16 @@ class AnalyzerConfig:
     beyond its own jitter (the level around it + 3 robust sigmas) by at least
     ``stall_min_excess`` of an iteration or ``stall_min_gpu_hours`` in all, or when the same ranks stall
     ``stall_repeat`` times within ``reopen_within`` iterations; the rest are counted in one
-    job-level summary (``sporadic_stall`` points).
+    job-level summary (the ``job_health`` point). ``stall_repeat_alpha`` is the chance, over all
+    ranks of a job, that one rank repeats by luck as often as a repeat needs.
+
+    Evidence: a culprit's own collectives are *short* (it arrived last, the group waited for it)
+    below ``short_collective_ratio`` of its group-mates' time.
+
+    Arrival (a straggler named from collective timings alone): a rank's collective is *short*
+    below ``arrival_short_ratio`` of its group's median and at least ``arrival_min_gap_ms``
+    shorter, while that median has risen above ``arrival_rise`` times its baseline (a moving
+    average with weight ``arrival_baseline_alpha`` for each new iteration).
     """
 
     l1_window: int = 20
@@ -109,33 +122,28 @@ class AnalyzerConfig:
     stall_min_gpu_hours: float = 50.0
     stall_repeat: int = 3
     stall_rare: float = 0.05
+    stall_repeat_alpha: float = 0.01
+    short_collective_ratio: float = 0.8
+    arrival_short_ratio: float = 0.5
+    arrival_min_gap_ms: float = 1.0
+    arrival_rise: float = 1.5
+    arrival_baseline_alpha: float = 0.1
     event_lookback: int = 5
     history: int = 40
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, (int, float)) and v < 0:
-                raise ValueError(f"analyzer setting {f.name} must not be negative, got {v}")
-        if self.smooth < 1 or self.l1_persist < 1:
-            raise ValueError("smooth and l1_persist must be at least 1")
+        """Refuse any value that breaks its rule (:mod:`analyzer.config_schema`), all named."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        check(values)
+        for key, value in values.items():  # an integer given for a float setting: stored as float
+            if RULES[key].kind is float and isinstance(value, int):
+                object.__setattr__(self, key, float(value))
 
-    def with_overrides(self, **kw) -> AnalyzerConfig:
-        known = {f.name: f.type for f in fields(self)}
-        unknown = set(kw) - set(known)
-        if unknown:
-            raise ValueError(f"unknown analyzer setting(s): {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(known))}")
-        defaults = AnalyzerConfig()
-        for key, value in kw.items():
-            want = type(getattr(defaults, key))
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-                want is float or isinstance(value, int))
-            if not ok:
-                raise ValueError(f"analyzer setting {key} must be {'a number' if want is float else 'an integer'}, "
-                                 f"got {value!r}")
-        return replace(self, **{k: (float(v) if isinstance(getattr(defaults, k), float) else v)
-                                for k, v in kw.items()})
+    def with_overrides(self, **kw: object) -> AnalyzerConfig:
+        """These settings with ``kw`` changed; :class:`ConfigError` naming every bad key, its
+        value and its rule (unknown keys too), nothing changed."""
+        check({**{f.name: getattr(self, f.name) for f in fields(self)}, **kw})
+        return replace(self, **kw)  # type: ignore[arg-type]  (checked above)
 
 
 def changes(old: AnalyzerConfig, new: AnalyzerConfig) -> dict[str, tuple[object, object]]:

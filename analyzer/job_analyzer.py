@@ -149,25 +149,24 @@ class JobAnalyzer:
 
     def event_horizon_ms(self) -> int | None:
         """Events older than this cannot change any verdict (None: read them all)."""
-        return self._diag.book.horizon(self.window)
+        return self._diag.event_horizon(self.window)
 
     @property
     def reporting_ranks(self) -> int:
         """Ranks that have reported at least once (0 before the first iteration)."""
         return self._diag.reporting_ranks
 
+    @property
+    def events_held(self) -> int:
+        """Out-of-band events held in memory (bounded)."""
+        return self._diag.events_held
+
     def health_row(self, late_points: int = 0) -> dict:
         """The job's ``job_health`` point: how complete its data is (points expected from the
         ranks that reported once, against points received; points that came after their
-        iteration was analyzed) and the sporadic stalls that were noise, not incidents."""
-        expected, received = self._diag.silence.gaps
-        sp = self._diag.transient.sporadic
-        return {"time": int(self.last_time_ms), "job": self.job, "iteration": int(self.last_iteration),
-                "points_expected": expected, "points_received": received,
-                "completeness": float(received / expected) if expected else 1.0,
-                "late_points": int(late_points), "sporadic_stalls": int(sp.stalls),
-                "sporadic_ranks": len(sp.ranks), "sporadic_gpu_hours": float(sp.gpu_hours),
-                "sporadic_top_hosts": ", ".join(sp.top_hosts()), "sporadic_text": sp.summary()}
+        iteration was analyzed) and the sporadic stalls that were noise, not incidents
+        (:class:`~analyzer.diagnosis.health.DiagnosisHealth`)."""
+        return self._diag.health.row(self.job, self.last_time_ms, self.last_iteration, late_points)
 
     def l2_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``l2_group`` and ``l2_rank`` points for the latest window."""

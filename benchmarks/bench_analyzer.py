@@ -1,9 +1,14 @@
-"""Analyzer: cycle cost at 12,960 and 100,000 ranks (database read measured apart), and the
-steady-state cycle before and after a given revision, measured side by side.
+"""Analyzer: cycle cost at 12,960 and 100,000 ranks (database read measured apart), the
+steady-state cycle before and after a given revision, measured side by side, and the store
+calls of the cycle before and after another.
 
-``RANKSCOPE_BENCH_BASELINE`` names the revision to compare with (default the last commit
-before the package redesign); it is checked out in a temporary git worktree and both
-trees run the same measuring script in turn (ABAB), each in its own interpreter.
+``RANKSCOPE_BENCH_BASELINE`` names the revision to compare the steady-state cycle with
+(default the last commit before the package redesign); it is checked out in a temporary git
+worktree and both trees run the same measuring script in turn (ABAB), each in its own
+interpreter. ``RANKSCOPE_BENCH_CALLS_BASELINE`` names the revision whose store calls
+(:mod:`benchmarks.analyzer_store_calls`) are compared (default the last before the read path
+had one owner); its files are extracted with ``git archive``, and both trees measure the same
+simulated points in turn.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from simulator.scenario import Scenario
 ROOT = Path(__file__).resolve().parents[1]
 #: The revision the steady-state cycle is compared with (the last before the package redesign).
 BASELINE = os.environ.get("RANKSCOPE_BENCH_BASELINE", "912400b")
+#: The revision the store calls of the cycle are compared with (the last before the read path had one owner).
+CALLS_BASELINE = os.environ.get("RANKSCOPE_BENCH_CALLS_BASELINE", "b84f921")
 #: Measures the IL-0477 steady-state cycle in whichever tree it runs in (old or new layout).
 _MEASURE = """
 import json, sys, time
@@ -104,6 +111,7 @@ def run(ctx) -> str:
     (w1, s1, v1), (w2, s2, v2) = per_world.values()
     read = _read_time(ctx)
     before_after = _before_after()
+    calls = store_calls(ctx)
     return f"""## Analyzer
 
 One analyzer cycle (L1 + L2 + diagnosis + the L2 points to write), in memory, without the
@@ -123,6 +131,8 @@ ranks x {len(DEFAULT_STAGES)} stages x 20 iterations in <= 0.5 s without the rea
 Database read, reported apart: {read}
 
 {before_after}
+
+{calls}
 """
 
 
@@ -173,3 +183,60 @@ def _read_time(ctx) -> str:
     finally:
         store.drop_database()
         store.close()
+
+
+def store_calls(ctx, rounds: int = 2) -> str:
+    """The store calls and cycle times of :mod:`benchmarks.analyzer_store_calls` in revision
+    :data:`CALLS_BASELINE` and in this tree, on the same simulated points, ``rounds`` times in turn."""
+    if not ctx.influx_url:
+        return "Store calls: (no InfluxDB)"
+    from benchmarks.analyzer_store_calls import simulate
+
+    tmp = Path(tempfile.mkdtemp(prefix="rankscope-calls-"))
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    try:
+        base = tmp / "base"
+        base.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", CALLS_BASELINE], check=True,
+                                 capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+        simulate(tmp / "frames.pkl")
+        for _ in range(rounds):
+            for name, tree in (("before", base), ("after", ROOT)):
+                out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "analyzer_store_calls.py"),
+                                      ctx.influx_url, "--frames", str(tmp / "frames.pkl")], cwd=tree, check=True,
+                                     env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+                runs[name].append(json.loads(out.stdout))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", None) or exc
+        return f"Store calls: revision {CALLS_BASELINE} not measured ({str(detail).strip()[-300:]})."
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _calls_table(runs)
+
+
+def _calls_table(runs: dict[str, list[dict]]) -> str:
+    """Markdown: what each tree's cycle asked of the store (the same in every round) and its
+    median cycle time over the rounds."""
+    catch, fine = "catch-up (60 iterations, one cycle)", "catch-up, chunks of 5"
+    live, restart = "live (one new iteration a cycle)", "restart (replay of the history)"
+    rows = [
+        ("store calls per chunk (catch-up in chunks of 5 minus chunks of 20, per extra chunk)",
+         lambda r: r["store calls per chunk (the difference of the two catch-ups)"]),
+        ("event reads in the catch-up cycle (chunks of 5)", lambda r: r[fine]["event reads per cycle"]),
+        ("rollup reads in the catch-up cycle", lambda r: r[catch]["rollup reads per cycle"]),
+        ("rollup reads per live cycle", lambda r: r[live]["rollup reads per cycle"]),
+        ("rollup reads in the restart cycle", lambda r: r[restart]["rollup reads per cycle"]),
+        ("store calls per live cycle", lambda r: r[live]["store calls per cycle"]),
+        ("chunks read by the restart cycle", lambda r: r[restart]["chunks"]),
+    ]
+    seconds = [(f"{name} cycle, s (median over rounds)", key) for name, key in
+               (("catch-up", catch), ("live", live), ("restart", restart))]
+    lines = [f"| | before (`{CALLS_BASELINE}`) | after |", "|---|---|---|"]
+    lines += [f"| {label} | {get(runs['before'][0])} | {get(runs['after'][0])} |" for label, get in rows]
+    lines += [f"| {label} | {statistics.median(r[key]['median cycle s'] for r in runs['before']):.3f} | "
+              f"{statistics.median(r[key]['median cycle s'] for r in runs['after']):.3f} |" for label, key in seconds]
+    return ("Store calls of the cycle (`benchmarks/analyzer_store_calls.py`: a 1,024-rank job at 30 s "
+            "iterations, a counting wrapper around the store; a *rollup read* is a read, time probe "
+            "included, of `rollup_host`, `rollup_job`, `rollup_host_5m` or `rollup_host_1h`), "
+            f"{len(runs['after'])} rounds in turn:\n\n" + "\n".join(lines))

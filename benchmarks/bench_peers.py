@@ -17,6 +17,7 @@ import collections
 import gzip
 import importlib.metadata as md
 import json
+import os
 import tempfile
 import time
 import warnings
@@ -635,8 +636,14 @@ def _hta(ctx, summary: list[str]) -> list[str]:
     return rows
 
 
+def _load() -> str:
+    """The 1-, 5- and 15-minute load averages as ``os.getloadavg()`` measures them now."""
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def run(ctx) -> str:
     t0 = time.perf_counter()
+    load_before = _load()
     summary: list[str] = []
     body = _changepoints(ctx, summary)
     body += [""] + _l2(ctx, summary)
@@ -644,7 +651,7 @@ def run(ctx) -> str:
     lines = ["## Peers side by side", "", "### Summary (one row per figure; details below)", "",
              "| comparison | peer | version | data | peer's figure | ours | ratio |", "|---|---|---|---|---|---|---|",
              *summary, ""] + body
-    lines += ["", f"Run time {time.perf_counter() - t0:.0f} s on a shared 2-core machine (other engineers' jobs "
-              "running; load average about 7-11): absolute times are inflated, the side-by-side ratios are the "
-              "figures to quote."]
+    lines += ["", f"Run time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores; load average (1, 5, 15 min, "
+              f"`os.getloadavg()`) {load_before} at the start and {_load()} at the end. Absolute times depend on "
+              "that load; the side-by-side ratios are the figures to quote."]
     return "\n".join(lines)

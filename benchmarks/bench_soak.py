@@ -5,7 +5,9 @@ The IL-0477 topology is simulated in memory and fed iteration by iteration to on
 stalls, a straggler that returns every 1,500 iterations, a rank that goes silent now
 and then) and an out-of-band event every 50 iterations, so incidents open, resolve
 and age, and events arrive and age. Resident memory (``/proc/self/statm``) is sampled
-every 500 iterations; after warm-up it must stay flat.
+every 500 iterations and, in each of those stretches, also at the first iteration at
+which an incident is open (so that memory is measured while incidents are held, not only
+between them); after warm-up it must stay flat.
 
 ``RANKSCOPE_BENCH_SOAK_ITERATIONS`` (default 10,000) sets the run length.
 """
@@ -54,8 +56,9 @@ def run(ctx) -> str:
     sim = ClusterSimulator(sc, start_ms=1_700_000_000_000)
     ja = JobAnalyzer(sc.job, sc.topology, DEFAULT_STAGES)
     hosts = sc.topology.hosts or ()
-    samples: list[tuple[int, float, int, int]] = []
+    samples: list[tuple[int, float, int, int, int, str]] = []
     seen: set[str] = set()
+    open_sampled = False   # this stretch of SAMPLE_EVERY iterations has had its open-incident sample
     t0 = time.perf_counter()
     for i in range(ITERATIONS):
         res = sim.step()
@@ -63,27 +66,43 @@ def run(ctx) -> str:
             ja.add_events([OutOfBandEvent(res.time_ms, "server port down", host=hosts[(i // 50) % len(hosts)])])
         for inc in ja.feed(result_cube(res, sim.stages.names)).incidents:
             seen.add(inc.id)
-        if (i + 1) % SAMPLE_EVERY == 0:
-            samples.append((i + 1, rss_mib(), len(ja.incidents()), len(ja._diag.book.events)))
+        held = ja.incidents()
+        n_open = sum(inc.is_open for inc in held)
+        regular = (i + 1) % SAMPLE_EVERY == 0
+        if regular or (n_open and not open_sampled):
+            samples.append((i + 1, rss_mib(), len(held), n_open, len(ja._diag.book.events),
+                            "every 500" if regular else "incident open"))
+            open_sampled = open_sampled or bool(n_open)
+        if regular:
+            open_sampled = False
     took = time.perf_counter() - t0
     after = [s for s in samples if s[0] >= WARM_UP]
     rss = np.array([s[1] for s in after])
-    growth = rss[-1] - rss[0]
-    rows = "\n".join(f"| {n:,} | {m:.0f} MiB | {k} | {e} |" for n, m, k, e in samples)
+    regular_rss = np.array([s[1] for s in after if s[5] == "every 500"])
+    growth = regular_rss[-1] - regular_rss[0]
+    with_open = [s for s in samples if s[3]]
+    open_rss = max((s[1] for s in with_open), default=float("nan"))
+    rows = "\n".join(f"| {n:,} | {why} | {m:.0f} MiB | {k} | {o} | {e} |" for n, m, k, o, e, why in samples)
     return f"""## Soak: memory of an always-on analyzer
 
 `benchmarks/bench_soak.py`: {ITERATIONS:,} iterations of a 12,960-rank job (IL-0477 topology) fed
 to one analyzer in memory, with faults that come and go all along (a transient stall every 700
 iterations, a straggler node every 1,500, a silent rank every 2,500) and an out-of-band event
 every 50 iterations: {len(seen)} incidents over the run. Resident memory of the process
-(`/proc/self/statm`, simulator included) every {SAMPLE_EVERY} iterations; incidents and events
-the analyzer holds in memory at that point.
+(`/proc/self/statm`, simulator included) every {SAMPLE_EVERY} iterations and, within each of those
+stretches, at the first iteration at which an incident is open; the incidents the analyzer holds
+in memory at that point (open and recently resolved), how many of them are open, and the events
+it holds.
 
-| iteration | resident memory | incidents held | events held |
-|---|---|---|---|
+| iteration | sampled | resident memory | incidents held | of which open | events held |
+|---|---|---|---|---|---|
 {rows}
 
-After warm-up (iteration {WARM_UP:,} on): **{rss[0]:.0f} MiB at the start, {rss[-1]:.0f} MiB at the
-end ({growth:+.0f} MiB over {after[-1][0] - after[0][0]:,} iterations; max {rss.max():.0f} MiB)**.
+{len(with_open)} of the {len(samples)} samples were taken with incidents open (at most
+{max((s[3] for s in samples), default=0)} open and {max((s[2] for s in samples), default=0)} held at once;
+max resident memory among them {open_rss:.0f} MiB).
+After warm-up (iteration {WARM_UP:,} on), sampled every {SAMPLE_EVERY}: **{regular_rss[0]:.0f} MiB at the
+start, {regular_rss[-1]:.0f} MiB at the end ({growth:+.0f} MiB over {after[-1][0] - after[0][0]:,} iterations;
+max {rss.max():.0f} MiB over every sample)**.
 Run time {took / 60:.1f} min ({took / ITERATIONS * 1000:.0f} ms per iteration, simulator included).
 """

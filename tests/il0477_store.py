@@ -1,33 +1,36 @@
-"""A real InfluxDB database filled with the IL-0477 incident, shared by the dashboard and report tests.
+"""A real InfluxDB database filled with the IL-0477 incident, built once per test run and read by the
+analyzer, simulator, dashboard and report tests (the ``il0477_incident`` fixture of tests/conftest.py).
 
 The database is created with rankscope's retention (raw points 7 days in the
 default policy ``raw``, everything else 400 days in ``long``), as a deployment has it.
-When the simulator (``simulator.cluster``) and the analyzer (``analyzer.service.analyzer_service``)
-are importable, it is filled by them: 40 iterations of the IL-0477 scenario,
-then one analyzer cycle (which also writes the rollups). Until then (or with
-``RANKSCOPE_TEST_DASHBOARD_DATA=schema``) it is filled with points written
-here that follow :mod:`rankscope.schema` and the incident write-up: mlp of
-ranks 10352-10359 at 170-280 ms from the onset, reduce_scatter short at dp
-256-287 of every pp stage, iteration time 30 s -> 90 s, the "server port down"
-event, the analyzer's measurements (l1_changepoint, l2_group, l2_rank, incident,
-incident_host) and the rollups (rollup_host, rollup_host_5m, rollup_job). The dashboards benchmark
-writes the same points at any length (``write_schema_points(iterations=720)``),
-generated and written a chunk of iterations at a time.
+It is filled by the simulator and the analyzer themselves: 40 iterations of the IL-0477
+scenario, then one analyzer cycle (which also writes the rollups). There is no fallback:
+when the simulator or the analyzer cannot be imported, or fails, every test that asks for
+the database fails with that error (a broken import must not pass as green dashboard tests).
+
+:func:`write_schema_points` is for the dashboards benchmark only (a 6-hour wall,
+``write_schema_points(iterations=720)``, generated and written a chunk of iterations at a
+time): points that follow :mod:`rankscope.schema` and the incident write-up (mlp of ranks
+10352-10359 at 170-280 ms from the onset, reduce_scatter short at dp 256-287 of every pp
+stage, iteration time 30 s -> 90 s, the "server port down" event, the analyzer's measurements
+and the rollups), written without the analyzer. No test reads them as the incident.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analyzer.service.analyzer_service import run_once
 from analyzer.write.rollups import incident_host_frame, rollup_frames, window_rollup
 from rankscope import schema
 from rankscope.config import Retention
@@ -35,6 +38,9 @@ from rankscope.frames import LatencyCube, cube_to_frame
 from rankscope.incident import Impact, Incident, IncidentClass
 from rankscope.store import InfluxStore
 from rankscope.topology import Topology, format_ranks
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate
+from simulator.truth import Truth
 
 #: The job's topology, host names as the simulator makes them.
 TOPOLOGY = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8, host_pattern="gpu-node-{node:05d}")
@@ -57,43 +63,39 @@ class IncidentData:
     job: str
     start_ms: int
     end_ms: int
-    source: str  # "simulator+analyzer" or "schema"
-
-
-def pipeline_available() -> bool:
-    """True when the simulator and the analyzer can fill the database themselves."""
-    if os.environ.get("RANKSCOPE_TEST_DASHBOARD_DATA") == "schema":
-        return False
-    try:
-        for module in ("simulator.scenario", "simulator.simulate", "analyzer.service.analyzer_service"):
-            importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
+    truth: Truth        # the simulator's ground truth (iteration times, the fault, the event)
+    truth_path: Path    # ... as it wrote it to disk
+    source: str = "simulator+analyzer"   # the only source: there is no fallback
 
 
 def fill(url: str) -> IncidentData:
+    """Simulate IL-0477 into a new database and run one analyzer cycle over it (errors propagate)."""
     db = f"dash_{uuid.uuid4().hex[:10]}"
     store = InfluxStore(url, bucket=db, api="v1", retention=Retention())
     start_ms = (int(time.time() * 1000) - 3 * 3600_000) // 60_000 * 60_000
-    if pipeline_available():
-        load_scenario = importlib.import_module("simulator.scenario").load_scenario
-        simulate = importlib.import_module("simulator.simulate").simulate
-        run_once = importlib.import_module("analyzer.service.analyzer_service").run_once
-        simulate(load_scenario("il-0477").with_overrides(iterations=ITERATIONS), store,
-                 start_ms=start_ms, progress=False)
-        job = store.jobs()[0]
+    truth_path = Path(tempfile.mkdtemp(prefix="il0477_truth_")) / "il-0477.truth.json"
+    try:
+        truth = simulate(load_scenario("il-0477").with_overrides(iterations=ITERATIONS), store,
+                         start_ms=start_ms, truth_path=truth_path, progress=False)
+        jobs = store.jobs()
+        if len(jobs) != 1:
+            raise RuntimeError(f"the IL-0477 simulation wrote {len(jobs)} jobs ({jobs}), not one")
+        job = jobs[0]
         run_once(store, job=job)
-        source = "simulator+analyzer"
-    else:
-        job = "il-0477"
-        write_schema_points(store, job, start_ms)
-        source = "schema"
-    last = store.latest_times(schema.STAGE_LATENCY, job, 1)[0]
-    return IncidentData(store, url, db, job, start_ms, last + 1, source)
+        last = store.latest_times(schema.STAGE_LATENCY, job, 1)
+        if len(last) != 1:
+            raise RuntimeError(f"the IL-0477 database holds no stage_latency point of job {job}")
+    except BaseException:
+        try:
+            store.drop_database()
+        finally:
+            store.close()
+            shutil.rmtree(truth_path.parent, ignore_errors=True)
+        raise
+    return IncidentData(store, url, db, job, start_ms, int(last[0]) + 1, truth, truth_path)
 
 
-# ------------------------------------------------------------------ fallback
+# ------------------------------------------------------------------ benchmark points (not the incident)
 def stage_cube(rng: np.random.Generator, iterations: np.ndarray, onset: int = ONSET
                ) -> tuple[np.ndarray, np.ndarray]:
     """values[iteration, rank, stage] and iteration_ms[iteration, rank] of the incident at ``iterations``."""
@@ -234,12 +236,21 @@ def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations:
 
 
 _FILLED: dict[str, IncidentData] = {}
+_FAILED: dict[str, BaseException] = {}
 
 
 def shared_incident(url: str, addfinalizer) -> IncidentData:
-    """The filled database for this test session (filled once, dropped at the end)."""
+    """The filled database for this test session (filled once, dropped at the end).
+
+    A failure to fill it is raised to every test that asks, from the one attempt."""
+    if url in _FAILED:
+        raise RuntimeError(f"the IL-0477 database could not be built: {_FAILED[url]!r}") from _FAILED[url]
     if url not in _FILLED:
-        data = fill(url)
+        try:
+            data = fill(url)
+        except Exception as exc:
+            _FAILED[url] = exc
+            raise
         _FILLED[url] = data
 
         def drop() -> None:
@@ -247,6 +258,7 @@ def shared_incident(url: str, addfinalizer) -> IncidentData:
                 data.store.drop_database()
             finally:
                 data.store.close()
+                shutil.rmtree(data.truth_path.parent, ignore_errors=True)
                 _FILLED.pop(url, None)
 
         addfinalizer(drop)

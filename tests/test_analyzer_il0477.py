@@ -10,22 +10,17 @@ import pytest
 from analyzer.config import AnalyzerConfig
 from rankscope import schema
 from rankscope.incident import load_incidents
-from simulator.scenario import load_scenario
-from simulator.simulate import simulate
-from tests.il0477_store import shared_incident
-
-START = 1_760_000_000_000
 
 
-@pytest.fixture(scope="session")
-def il0477(influx_url, request):
+@pytest.fixture
+def il0477(il0477_incident):
     """IL-0477 (40 iterations, 12,960 ranks) simulated into the real InfluxDB and analyzed once.
 
-    The same database the dashboard and report tests query (filled once per session).
+    The same database the simulator, dashboard and report tests read (``il0477_incident``,
+    filled once per session).
     """
-    data = shared_incident(influx_url, request.addfinalizer)
-    assert data.source == "simulator+analyzer"
-    return data.store, data.job
+    assert il0477_incident.source == "simulator+analyzer"
+    return il0477_incident.store, il0477_incident.job
 
 
 def test_l1_step_alert_within_two_iterations(il0477):
@@ -76,10 +71,9 @@ def test_l2_points_show_the_ep_group(il0477):
     assert (r[r["rank"].between(10352, 10359)]["ratio"] > 4).all()
 
 
-def test_cli_once_json_reports_the_same(influx_store):
+def test_cli_once_json_reports_the_same(compute_slowdown_influx):
     # the command line on a smaller job (the same code path; the full-scale run is above)
-    scenario = load_scenario("compute-slowdown").with_overrides(iterations=30)
-    simulate(scenario, influx_store, start_ms=START, progress=False)
+    influx_store, scenario, _ = compute_slowdown_influx
     env = {**os.environ, "RANKSCOPE_INFLUX_API": "v1"}
     out = subprocess.run(
         [sys.executable, "-m", "rankscope.cli", "analyze", "--once", "--json", "--store", influx_store.url,
@@ -94,3 +88,23 @@ def test_cli_once_json_reports_the_same(influx_store):
     help_text = subprocess.run([sys.executable, "-m", "rankscope.cli", "analyze", "--help"],
                                capture_output=True, text=True, timeout=60).stdout
     assert "--every" in help_text and "--once" in help_text
+
+
+def test_a_database_that_cannot_be_built_fails_loudly_once_for_every_test(monkeypatch):
+    """No fallback: when the simulator or the analyzer fails, every test that asks for the
+    IL-0477 database fails with that error, from one attempt."""
+    from tests import il0477_store
+
+    calls = []
+
+    def broken(url):
+        calls.append(url)
+        raise ImportError("simulator.simulate is broken")
+
+    monkeypatch.setattr(il0477_store, "fill", broken)
+    monkeypatch.setattr(il0477_store, "_FILLED", {})
+    monkeypatch.setattr(il0477_store, "_FAILED", {})
+    for _ in range(2):
+        with pytest.raises((ImportError, RuntimeError), match="simulator.simulate is broken"):
+            il0477_store.shared_incident("http://nowhere:1", lambda drop: None)
+    assert calls == ["http://nowhere:1"]

@@ -1,4 +1,8 @@
-"""The analyzer on every fault-kind built-in, through the real InfluxDB: right class, exact culprits."""
+"""The analyzer on every fault-kind built-in, through the real InfluxDB: right class, exact culprits.
+
+compute-slowdown is the session's ``compute_slowdown_influx`` (written once, also analyzed by
+the idempotency test below and by ``analyze --once --json`` in test_analyzer_il0477.py).
+"""
 
 import numpy as np
 import pytest
@@ -11,11 +15,20 @@ from simulator.simulate import simulate
 START = 1_750_000_000_000
 
 
+@pytest.fixture
+def builtin_in_influx(request, name, compute_slowdown_influx):
+    """(store, scenario, truth) of the built-in ``name`` in the real InfluxDB."""
+    if name == "compute-slowdown":
+        return compute_slowdown_influx
+    store = request.getfixturevalue("influx_store")
+    scenario = load_scenario(name)
+    return store, scenario, simulate(scenario, store, start_ms=START, progress=False)
+
+
 @pytest.mark.parametrize("name", ["compute-slowdown", "link-degradation", "stage-imbalance",
                                   "transient-stall", "host-stall", "silent-rank"])
-def test_builtin_fault_is_diagnosed_exactly(influx_store, name):
-    scenario = load_scenario(name)
-    truth = simulate(scenario, influx_store, start_ms=START, progress=False)
+def test_builtin_fault_is_diagnosed_exactly(builtin_in_influx, name):
+    influx_store, scenario, truth = builtin_in_influx
     incidents = run_once(influx_store, job=scenario.job)
     assert len(truth.faults) == 1
     fault = truth.faults[0]
@@ -35,9 +48,8 @@ def test_builtin_fault_is_diagnosed_exactly(influx_store, name):
         assert judged, ev
 
 
-def test_written_points_are_idempotent(influx_store):
-    scenario = load_scenario("compute-slowdown").with_overrides(iterations=30)
-    simulate(scenario, influx_store, start_ms=START, progress=False)
+def test_written_points_are_idempotent(compute_slowdown_influx):
+    influx_store, scenario, _ = compute_slowdown_influx
     first = run_once(influx_store, job=scenario.job)
     n1 = {m: len(influx_store.read(m, scenario.job)) for m in ("incident", "l1_changepoint", "l2_group")}
     # a second service over the same data: adopts the stored incidents, rewrites the same points

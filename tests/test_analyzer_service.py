@@ -2,6 +2,8 @@
 
 import logging
 import threading
+import uuid
+from collections import Counter
 
 import pytest
 
@@ -11,9 +13,10 @@ from analyzer.service.schedule import build_scheduler, safe_cycle
 from rankscope import schema
 from rankscope.store import InfluxStore
 from simulator.cluster import ClusterSimulator
-from simulator.scenario import load_scenario
+from simulator.scenario import Scenario, load_scenario
 
 START = 1_770_000_000_000
+ROLLUPS = {schema.ROLLUP_HOST, schema.ROLLUP_JOB, schema.ROLLUP_HOST_WINDOW, schema.ROLLUP_HOST_HOUR}
 
 
 def _write(store, sim, n):
@@ -94,7 +97,7 @@ def test_incomplete_last_iteration_is_held_back(influx_store):
     influx_store.write_stage_latency(sim.frame(res, time_ms=START + 30_000 * res.iteration).iloc[1000:])
     svc.cycle()
     assert ja.last_iteration == 12
-    assert svc.assemblers[scenario.job].counts.short_iterations == 0
+    assert svc.readers[scenario.job].counts.short_iterations == 0
 
 
 def test_an_iteration_whose_points_never_all_come_is_analyzed_after_the_wait(influx_store):
@@ -111,7 +114,7 @@ def test_an_iteration_whose_points_never_all_come_is_analyzed_after_the_wait(inf
     now["s"] += 11                                    # 16 s after: past the 15 s wait
     svc.cycle()
     assert ja.last_iteration == 12                    # analyzed with the ranks it has
-    assert svc.assemblers[scenario.job].counts.short_iterations == 1
+    assert svc.readers[scenario.job].counts.short_iterations == 1
     assert svc.incidents() == []                      # one missing iteration is not silence
 
 
@@ -241,3 +244,75 @@ def test_a_job_named_before_its_first_point_is_analyzed_once_points_come(influx_
     _write(influx_store, sim, 12)
     svc.cycle(final=True)
     assert svc.analyzers[scenario.job].last_iteration == 11
+
+
+class _Counting:
+    """A store that counts the calls made to it, and the reads of the rollups among them."""
+
+    def __init__(self, store):
+        self.store, self.calls = store, Counter()
+
+    def __getattr__(self, name):
+        attr = getattr(self.store, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            if name in ("read", "next_times", "latest_times") and args and args[0] in ROLLUPS:
+                self.calls["rollup reads"] += 1
+            return attr(*args, **kwargs)
+        return counted
+
+    def take(self) -> Counter:
+        out, self.calls = self.calls, Counter()
+        return out
+
+
+def test_a_chunk_costs_a_probe_and_a_read_and_no_rollup_is_read_back(influx_store):
+    """Per chunk of iterations the cycle asks the store for the next times and reads the
+    points; the events are read once a cycle, the rollups written once, and the 5-minute
+    windows and hours are made in memory: nothing the analyzer wrote is read back. A restarted
+    analyzer reads the time of the latest window stored, no rollup point."""
+    sc = Scenario.from_dict({"topology": {"tp": 1, "pp": 2, "dp": 16, "ep": 4, "gpus_per_node": 4},
+                             "run": {"job": "calls", "iterations": 80, "seed": 1}}, name="calls")
+    other = InfluxStore(influx_store.url, f"test_{uuid.uuid4().hex[:10]}", api="v1")
+    sim, last = ClusterSimulator(sc), {"ms": START}
+
+    def write(n: int, stores) -> None:
+        for _ in range(n):
+            res = sim.step()
+            last["ms"] = START + 30_000 * res.iteration
+            for st in stores:
+                st.write_stage_latency(sim.frame(res, time_ms=last["ms"]))
+
+    def calls(store, chunk: int) -> Counter:
+        counting = _Counting(store)
+        AnalyzerService(counting, chunk_iterations=chunk, clock=lambda: last["ms"] / 1000).cycle()
+        return counting.take()
+
+    try:
+        write(60, (influx_store, other))                  # 30 minutes: windows and an hour close
+        coarse, fine = calls(influx_store, 20), calls(other, 5)
+    finally:
+        other.drop_database()
+        other.close()
+    chunks = fine["read_stage_latency"] - coarse["read_stage_latency"]
+    assert chunks >= 8 and fine["next_times"] - coarse["next_times"] == chunks
+    assert sum(fine.values()) - sum(coarse.values()) == 2 * chunks     # nothing else grows with the chunks
+    assert coarse["read_events"] == fine["read_events"] == 1 and coarse["rollup reads"] == fine["rollup reads"] == 0
+    assert len(influx_store.read(schema.ROLLUP_HOST_WINDOW, "calls")) and len(influx_store.read(schema.ROLLUP_HOST_HOUR,
+                                                                                                 "calls"))
+    counting = _Counting(influx_store)
+    live = AnalyzerService(counting, clock=lambda: last["ms"] / 1000 + 5)
+    live.cycle()
+    counting.take()
+    for _ in range(12):                                   # one new iteration a cycle, windows closing
+        write(1, (influx_store,))
+        live.cycle()
+        got = counting.take()
+        assert got["read_stage_latency"] == got["next_times"] == got["read_events"] == 1
+        assert got["rollup reads"] == 0 and got["latest_times"] == 0
+    write(2, (influx_store,))
+    AnalyzerService(counting, clock=lambda: last["ms"] / 1000 + 5).cycle()   # a restart
+    assert counting.take()["rollup reads"] == 1

@@ -2,38 +2,61 @@
 seconds, the writer drops points, ranks stall sporadically, GPUs differ and MoE routing
 loads experts unevenly. A healthy job gives no incident; a one-node straggler is exactly its
 8 ranks; a silent rank is still found; a large one-iteration stall on 8 ranks is still an
-incident. On the embedded store and the real InfluxDB, at 4,608 and 12,960 ranks.
+incident; the job's health counts the dropped points and the stalls. At full scale (12,960
+ranks), one run per backend: the healthy job on the embedded store, the faults on the real
+InfluxDB. The same checks at 4,608 ranks on both stores are in the accuracy suite
+(``evaluation.accuracy.SHAPED_STORE_RUNS``, ``make bench-accuracy``).
 """
+
+import uuid
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from analyzer.read.iteration_assembler import IterationAssembler
-from analyzer.service.analyzer_service import run_once
+from evaluation.accuracy import shaped_health_holds, shaped_store_run
 from rankscope import schema
-from simulator.scenario import Scenario
-from simulator.simulate import simulate
+from rankscope.store import EmbeddedStore, InfluxStore
 
-T0 = 1_770_000_000_000
-#: The issue's shapes: per-rank stamps up to 50 ms apart, host clocks up to 2 s apart,
-#: 1% of points dropped, 0.2% of rank-iterations stalled 1.5-3x in attention.
-REAL = {"rank_clock_ms": 50.0, "host_clock_ms": 1000.0, "drop_rate": 0.01, "stall_rate": 0.002,
-        "expert_load_sigma": 0.05, "gpu_speed_sigma": 0.03}
-TOPO_4608 = {"tp": 1, "pp": 4, "dp": 1152, "ep": 16, "gpus_per_node": 8}
 TOPO_12960 = {"tp": 1, "pp": 9, "dp": 1440, "ep": 32, "gpus_per_node": 8}
+#: IL-0477's straggler, a 40x one-iteration stall on node 100 and a rank that goes silent.
+FAULTS_12960 = [
+    {"kind": "compute_slowdown", "node": 1294, "stage": "mlp", "factor": 5.7, "start": 30},
+    {"kind": "transient_stall", "node": 100, "stage": "attention", "factor": 40.0, "start": 20, "end": 21},
+    {"kind": "silent_rank", "ranks": 3000, "start": 30},
+]
 
 
-def shaped(store, topo, faults, iterations=50, seed=7, job="shaped", model=None):
-    sc = Scenario.from_dict({"topology": topo, "run": {"job": job, "iterations": iterations, "seed": seed},
-                             "model": {**REAL, **(model or {})}, "fault": faults})
-    simulate(sc, store, start_ms=T0, progress=False)
-    return sc, run_once(store, job)
+@pytest.fixture(scope="module")
+def healthy_12960_embedded(tmp_path_factory):
+    """(incidents, job_health) of a healthy 12,960-rank job with the shapes, on the embedded store."""
+    store = EmbeddedStore(tmp_path_factory.mktemp("shapes") / "store.db")
+    try:
+        _, incidents = shaped_store_run(store, TOPO_12960, [], iterations=45)
+        yield incidents, store.read(schema.JOB_HEALTH, "shaped")
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def faults_12960_influx(influx_url):
+    """(incidents, job_health) of the 12,960-rank job with :data:`FAULTS_12960` and the shapes,
+    on the real InfluxDB."""
+    store = InfluxStore(influx_url, bucket=f"test_shapes_{uuid.uuid4().hex[:10]}", api="v1")
+    try:
+        _, incidents = shaped_store_run(store, TOPO_12960, FAULTS_12960, iterations=45)
+        yield incidents, store.read(schema.JOB_HEALTH, "shaped")
+    finally:
+        try:
+            store.drop_database()
+        finally:
+            store.close()
 
 
 def test_the_points_carry_the_shapes(embedded_store):
-    sc, _ = shaped(embedded_store, {"tp": 1, "pp": 2, "dp": 64, "ep": 8, "gpus_per_node": 8}, [],
-                   iterations=20)
+    sc, _ = shaped_store_run(embedded_store, {"tp": 1, "pp": 2, "dp": 64, "ep": 8, "gpus_per_node": 8}, [],
+                             iterations=20)
     df = embedded_store.read_stage_latency("shaped")
     per_it = df.groupby(schema.ITERATION_FIELD)
     assert per_it["time"].nunique().min() > 20          # each rank its own clock
@@ -43,48 +66,30 @@ def test_the_points_carry_the_shapes(embedded_store):
     assert len(df) > 0.95 * 20 * sc.topology.world
 
 
-@pytest.mark.parametrize("store_kind", ["embedded", "influx"])
-def test_healthy_job_4608_ranks_no_incident(request, store_kind):
-    store = request.getfixturevalue(f"{store_kind}_store")
-    _, incidents = shaped(store, TOPO_4608, [])
+def test_12960_ranks_healthy_embedded_no_incident(healthy_12960_embedded):
+    incidents, _ = healthy_12960_embedded
     assert incidents == []
-    health = store.read(schema.JOB_HEALTH, "shaped")
+
+
+@pytest.mark.parametrize("run", ["healthy_12960_embedded", "faults_12960_influx"])
+def test_the_job_health_counts_the_dropped_points_and_the_stalls_as_noise(request, run):
+    _, health = request.getfixturevalue(run)
     last = health.iloc[-1]
     assert 0.985 < last["completeness"] < 0.995          # 1% dropped, counted, no incident
     assert last["sporadic_stalls"] > 50                  # the stalls were seen, as noise
     assert "noise, no incident" in last["sporadic_text"]
+    assert shaped_health_holds(health)                   # what the accuracy suite checks
 
 
-@pytest.mark.parametrize("store_kind", ["embedded", "influx"])
-def test_one_node_straggler_4608_is_exactly_its_8_ranks(request, store_kind):
-    store = request.getfixturevalue(f"{store_kind}_store")
-    _, incidents = shaped(store, TOPO_4608, [{"kind": "compute_slowdown", "node": 301, "stage": "mlp",
-                                              "factor": 3.0, "start": 25}])
-    assert [(i["class"], i["ranks"]) for i in incidents] == [
-        ("compute_straggler", list(range(301 * 8, 302 * 8)))]
-
-
-@pytest.mark.parametrize("store_kind", ["embedded", "influx"])
-def test_silent_rank_4608_still_found(request, store_kind):
-    store = request.getfixturevalue(f"{store_kind}_store")
-    _, incidents = shaped(store, TOPO_4608, [{"kind": "silent_rank", "ranks": 3000, "start": 30}])
-    assert [(i["class"], i["ranks"]) for i in incidents] == [("silent_rank", [3000])]
-
-
-def test_12960_ranks_straggler_and_a_big_one_iteration_stall_on_the_real_influxdb(influx_store):
-    """IL-0477's shape under every collector shape at once, plus a 40x one-iteration stall."""
-    _, incidents = shaped(influx_store, TOPO_12960, [
-        {"kind": "compute_slowdown", "node": 1294, "stage": "mlp", "factor": 5.7, "start": 30},
-        {"kind": "transient_stall", "node": 100, "stage": "attention", "factor": 40.0, "start": 20,
-         "end": 21},
-    ], iterations=45)
-    got = sorted((i["class"], i["ranks"][0], len(i["ranks"])) for i in incidents)
-    assert got == [("compute_straggler", 10352, 8), ("transient_stall", 800, 8)]
-
-
-def test_12960_ranks_healthy_embedded(embedded_store):
-    _, incidents = shaped(embedded_store, TOPO_12960, [], iterations=45)
-    assert incidents == []
+def test_12960_ranks_straggler_a_big_one_iteration_stall_and_a_silent_rank_on_the_real_influxdb(
+        faults_12960_influx):
+    """IL-0477's shape under every collector shape at once, plus a 40x one-iteration stall and a
+    rank that goes silent: exactly three incidents, each exactly its ranks."""
+    incidents, _ = faults_12960_influx
+    got = sorted((i["class"], i["ranks"]) for i in incidents)
+    assert got == [("compute_straggler", list(range(10352, 10360))),        # exactly node 1294's 8 ranks
+                   ("silent_rank", [3000]),
+                   ("transient_stall", list(range(800, 808)))]
 
 
 def test_assembler_waits_for_skewed_hosts_and_counts_late_points():

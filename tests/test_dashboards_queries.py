@@ -28,14 +28,14 @@ from tests.grafana_macros import (
     interpolate,
     resolve_variables,
 )
-from tests.il0477_store import TOPOLOGY, IncidentData, shared_incident
+from tests.il0477_store import TOPOLOGY, IncidentData
 
 DATASOURCE_MIN_INTERVAL = provisioning.datasource_document()["datasources"][0]["jsonData"]["timeInterval"]
 
 
 @pytest.fixture(scope="session")
-def il0477(influx_url, request) -> IncidentData:
-    return shared_incident(influx_url, request.addfinalizer)
+def il0477(il0477_incident) -> IncidentData:
+    return il0477_incident
 
 
 def _dashboard_time_range(data: IncidentData) -> TimeRange:

@@ -117,3 +117,27 @@ def test_make_test_installs_alertmanager_and_prometheus() -> None:
                             capture_output=True, text=True, timeout=60)
     [deps] = [line for line in result.stdout.splitlines() if line.startswith("test: ")]
     assert {"alertmanager", "prometheus"} <= set(deps.split())
+
+
+@pytest.mark.parametrize("target", ["bench", "bench-accuracy"])
+def test_the_benchmarks_install_the_peers_without_replacing_the_cpu_torch(target: str) -> None:
+    """`make bench` runs the peers (ruptures, river, nvidia-resiliency-ext, HTA): on a fresh clone it
+    installs the `bench` extra, after the CPU torch and under a pip constraint that holds torch at
+    the build installed (nvidia-resiliency-ext asks for torch>=2.3; unpinned, pip may resolve a CUDA
+    build)."""
+    assert MAKE is not None
+    result = subprocess.run([MAKE, "-n", "-B", "-C", str(ROOT), target],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+
+    def at(text: str) -> int:
+        [i] = [i for i, line in enumerate(lines) if text in line]
+        return i
+
+    torch = at("pip install --quiet torch==")
+    pin = at("> .venv/torch-constraint.txt")
+    assert "version('torch')" in lines[pin]
+    extra = at("-e '.[bench]'")
+    assert "-c .venv/torch-constraint.txt" in lines[extra]
+    assert torch < pin < extra < at("-m benchmarks.run")

@@ -15,7 +15,7 @@ import pytest
 from dashboards.report import write_report
 from rankscope.cli import main
 from rankscope.topology import parse_ranks
-from tests.il0477_store import IncidentData, shared_incident
+from tests.il0477_store import IncidentData
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -23,8 +23,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 @pytest.fixture(scope="session")
-def il0477(influx_url, request) -> IncidentData:
-    return shared_incident(influx_url, request.addfinalizer)
+def il0477(il0477_incident) -> IncidentData:
+    return il0477_incident
 
 
 @pytest.fixture(scope="module")

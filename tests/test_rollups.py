@@ -264,6 +264,45 @@ def test_a_restarted_analyzer_writes_the_windows_its_predecessor_left(influx_sto
     pd.testing.assert_frame_equal(_windows(influx_store, "tiny"), whole, check_like=True)
 
 
+def test_stored_windows_and_hours_are_those_of_the_stored_points_across_restarts(influx_store):
+    """The cycle makes its windows and hours in memory. Across a one-shot final run (it stores
+    the open window), a restart whose replay reaches back before it, a final cycle, and a
+    restart with a short replay whose hour holds a window its predecessor stored open, every
+    window stored is the window of the stored rollup_host points, and every hour stored the
+    hour of the stored windows: what reading them back gave."""
+    from simulator.cluster import ClusterSimulator
+
+    sim = ClusterSimulator(_scenario(iterations=120))
+    start = (START // schema.ROLLUP_HOUR_MS + 1) * schema.ROLLUP_HOUR_MS - 50 * 60_000
+    last = {"ms": start}
+
+    def write(n: int) -> None:
+        for _ in range(n):
+            res = sim.step()
+            last["ms"] = start + 40_000 * res.iteration
+            influx_store.write_stage_latency(sim.frame(res, time_ms=last["ms"]))
+
+    write(20)
+    AnalyzerService(influx_store, clock=lambda: last["ms"] / 1000).cycle(final=True)
+    write(30)
+    svc = AnalyzerService(influx_store, clock=lambda: last["ms"] / 1000 + 5)
+    svc.cycle()
+    write(40)
+    svc.cycle(final=True)
+    write(2)
+    AnalyzerService(influx_store, AnalyzerConfig(history=10), clock=lambda: last["ms"] / 1000 + 3).cycle()
+    hosts, windows, hours = (influx_store.read(m, "tiny") for m in (
+        schema.ROLLUP_HOST, schema.ROLLUP_HOST_WINDOW, schema.ROLLUP_HOST_HOUR))
+    assert hours["time"].nunique() == 2 and windows["iterations"].sum() == 90 * TINY.nodes
+    order = ["time", "node"]
+    want = window_rollup(hosts).sort_values(order).reset_index(drop=True)
+    pd.testing.assert_frame_equal(windows.sort_values(order).reset_index(drop=True), want[want["time"].isin(
+        windows["time"])].reset_index(drop=True), check_like=True, check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(hours.sort_values(order).reset_index(drop=True),
+                                  window_rollup(windows, schema.ROLLUP_HOUR_MS).sort_values(order).reset_index(
+                                      drop=True), check_like=True, check_exact=False, rtol=1e-12)
+
+
 def test_rollup_command_writes_the_hours_of_windows_whose_raw_points_are_gone(influx_store, capsys):
     """An upgrade: the analyzer wrote rollup_host and its 5-minute windows before hours existed,
     and the job's raw points have expired (the raw policy keeps 7 days, the windows 400).

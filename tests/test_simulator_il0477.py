@@ -1,11 +1,9 @@
 """IL-0477 at full scale (12,960 ranks), checked on the data as stored in the real InfluxDB.
 
-The incident's onset is moved from iteration 30 to 3 (and the event from 31 to 4)
-to keep the run short; everything else is the built-in scenario.
+The data is the session's ``il0477_incident`` (the built-in scenario, 40 iterations, simulated
+once and read by the analyzer, dashboard and report tests too): these tests read the
+iterations around the onset (iteration 30; the event at 31) back from the database.
 """
-
-import dataclasses
-import uuid
 
 import numpy as np
 import pytest
@@ -13,37 +11,30 @@ import pytest
 from rankscope.frames import frame_to_cube
 from rankscope.schema import DEFAULT_STAGES
 from simulator.scenario import load_scenario
-from simulator.simulate import simulate
 from simulator.truth import Truth
 
-T0 = 1_760_000_000_000
-ONSET = 3
+ONSET = 30
+#: The iterations read back: 3 before the onset and 3 from it.
+WINDOW = np.arange(ONSET - 3, ONSET + 3)
 SLOW = np.arange(10352, 10360)
 EP_GROUP = np.arange(10336, 10368)
 
 
 @pytest.fixture(scope="module")
-def il0477(influx_url, tmp_path_factory):
-    """Simulate 6 iterations into a fresh InfluxDB database and read everything back."""
-    from rankscope.store import InfluxStore
-
-    base = load_scenario("il-0477")
-    scenario = dataclasses.replace(
-        base, iterations=6,
-        faults=[dataclasses.replace(f, start=ONSET) for f in base.faults],
-        events=[dataclasses.replace(e, at=ONSET + 1) for e in base.events],
-    )
-    store = InfluxStore(influx_url, bucket=f"test_sim_il0477_{uuid.uuid4().hex[:8]}", api="v1")
-    truth_path = tmp_path_factory.mktemp("truth") / "il-0477.truth.json"
-    try:
-        truth = simulate(scenario, store, start_ms=T0, truth_path=truth_path, progress=False)
-        df = store.read_stage_latency("il-0477")
-        events = store.read_events("il-0477")
-    finally:
-        store.drop_database()
-        store.close()
+def il0477(il0477_incident):
+    """The stored points of :data:`WINDOW`, the events and the truth."""
+    data = il0477_incident
+    scenario = load_scenario("il-0477").with_overrides(iterations=len(data.truth.times_ms))
+    truth, times = data.truth, data.truth.times_ms
+    df = data.store.read_stage_latency(data.job, start_ms=times[WINDOW[0]], end_ms=times[WINDOW[-1]])
+    events = data.store.read_events(data.job)
     cube = frame_to_cube(df, scenario.topology.world, DEFAULT_STAGES.names)
-    return scenario, truth, truth_path, df, cube, events
+    return scenario, truth, data.truth_path, df, cube, events
+
+
+def _time(cube, iteration):
+    """The stored timestamp of ``iteration`` (one of :data:`WINDOW`)."""
+    return cube.times[cube.iterations.tolist().index(iteration)]
 
 
 def _before_after(cube):
@@ -51,17 +42,21 @@ def _before_after(cube):
     return it < ONSET, it >= ONSET
 
 
-def test_every_rank_every_iteration_is_stored(il0477):
+def test_every_rank_every_iteration_is_stored(il0477, il0477_incident):
     scenario, truth, _, df, cube, _ = il0477
-    assert len(df) == 6 * 12960
-    assert cube.iterations.tolist() == list(range(6))
+    assert len(df) == len(WINDOW) * 12960
+    assert cube.iterations.tolist() == WINDOW.tolist()
     assert not np.isnan(cube.values).any()
     # one timestamp per iteration, shared by all ranks, spaced by the job's iteration time
     assert df.groupby("iteration")["time"].nunique().eq(1).all()
     job_it = np.nanmax(cube.iteration_ms, axis=1)
     assert np.allclose(np.diff(cube.times), job_it[1:], atol=1.5)
-    assert cube.times[0] == pytest.approx(T0 + job_it[0], abs=1)
-    assert truth.times_ms == cube.times.tolist()
+    # the first iteration is stamped one (job) iteration time after the start
+    data = il0477_incident
+    first = data.store.read_stage_latency(data.job, start_ms=truth.times_ms[0], end_ms=truth.times_ms[0])
+    assert first["iteration"].unique().tolist() == [0] and len(first) == 12960
+    assert truth.times_ms[0] == pytest.approx(data.start_ms + first["iteration_ms"].max(), abs=1)
+    assert truth.times_ms[WINDOW[0]:WINDOW[-1] + 1] == cube.times.tolist()
 
 
 def test_iteration_time_30s_before_and_over_90s_after(il0477):
@@ -129,11 +124,11 @@ def test_server_port_down_event_and_truth(il0477):
     ev = events.iloc[0]
     assert ev["name"] == "server port down" and ev["node"] == 1294 and ev["rank"] == -1
     assert ev["severity"] == "critical" and ev["value"] == 1
-    assert ev["time"] == cube.times[ONSET + 1]
+    assert ev["time"] == _time(cube, ONSET + 1)
     back = Truth.read(truth_path)
     assert back == truth
     (f,) = back.faults
     assert f["ranks"] == SLOW.tolist() and f["nodes"] == [1294]
     assert (f["kind"], f["stage"], f["factor"], f["start"], f["end"]) == ("compute_slowdown", "mlp", 5.7, ONSET, None)
-    assert f["start_time_ms"] == cube.times[ONSET]
-    assert back.events[0]["time_ms"] == cube.times[ONSET + 1]
+    assert f["start_time_ms"] == _time(cube, ONSET)
+    assert back.events[0]["time_ms"] == _time(cube, ONSET + 1)

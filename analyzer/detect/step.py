@@ -124,22 +124,32 @@ class StepDetector:
         armed = valid & (self.ref.filled() >= self.min_history) & np.isfinite(med)
         dev = y - med
         out = armed & (np.abs(dev) > half)
-        if self.shifted.any():
-            with np.errstate(invalid="ignore"):
-                near_any = (self.shifted & valid
-                            & (np.abs(y - self.old_level) <= np.log1p(self.min_change))).any()
-        else:
-            near_any = False
-        if not (out.any() or self.run_len.any() or self.back_len.any() or near_any):
+        if not (out.any() or self.run_len.any() or self.back_len.any() or self._near_old(y, valid).any()):
             # the common case, every series inside its band and none on its way back
             # to a level it left: only the reference moves
             self.ref.accept(y, valid)
             self.t += 1
             self.last = self._quiet_update()
             return self.last
-        sign = np.sign(np.nan_to_num(dev)).astype(np.int8)
+        self._extend_runs(y, valid, out, np.sign(np.nan_to_num(dev)).astype(np.int8))
+        confirmed, onset, before, after = self._confirm(y, out, med)
+        recovered, rec_index = self._track_recovery(y, valid)
+        # accept normal values into the reference; restart it at a new regime
+        self.ref.accept(y, valid & ~out & ~recovered)
+        self._restart(y, confirmed, recovered, med)
+        self.t += 1
+        self.last = StepUpdate(confirmed, onset, before, after, recovered, rec_index, out)
+        return self.last
 
-        # runs of out values on one side
+    def _near_old(self, y: np.ndarray, valid: np.ndarray | bool = True) -> np.ndarray:
+        """Series whose value is back within the band of the level a step left."""
+        if not self.shifted.any():
+            return np.zeros(self.n, dtype=bool)
+        with np.errstate(invalid="ignore"):
+            return self.shifted & valid & (np.abs(y - self.old_level) <= np.log1p(self.min_change))
+
+    def _extend_runs(self, y: np.ndarray, valid: np.ndarray, out: np.ndarray, sign: np.ndarray) -> None:
+        """Runs of out values on one side: extend, start or end them (a missing value keeps a run)."""
         cont = out & (self.run_len > 0) & (sign == self.run_sign)
         new = out & ~cont
         self.run_len = np.where(cont, self.run_len + 1, np.where(new, 1, np.where(valid, 0, self.run_len)))
@@ -150,9 +160,11 @@ class StepDetector:
         self.run_vals[slot[cols], cols] = y[cols]
         self.run_vals[:, new] = np.where(np.arange(self.persist)[:, None] == 0, y[new], np.nan)
 
-        with np.errstate(invalid="ignore"):
-            returning = self.shifted & (np.abs(y - self.old_level) <= np.log1p(self.min_change))
-        # going back to the level a step left is its recovery, not a new step
+    def _confirm(self, y: np.ndarray, out: np.ndarray,
+                 med: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Runs that reached ``persist`` now: confirmed steps, their onset and the levels before
+        and after (going back to the level a step left is its recovery, not a new step)."""
+        returning = self._near_old(y)
         confirmed = out & (self.run_len == self.persist) & ~returning
         before = np.where(confirmed, np.exp(med), np.nan)
         with np.errstate(all="ignore"):
@@ -160,17 +172,20 @@ class StepDetector:
                 if confirmed.any() else np.full(self.n, np.nan)
         after = np.where(confirmed, np.exp(new_level), np.nan)
         onset = np.where(confirmed, self.run_start, -1)
+        return confirmed, onset, before, after
 
-        # recovery: back within the band of the level a step left
-        with np.errstate(invalid="ignore"):
-            near_old = self.shifted & valid & (np.abs(y - self.old_level) <= np.log1p(self.min_change))
+    def _track_recovery(self, y: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Recovery: ``persist`` values in a row back within the band of the level a step left;
+        the recovered series and the first value of each return."""
+        near_old = self._near_old(y, valid)
         self.back_start = np.where(near_old & (self.back_len == 0), self.t, self.back_start)
         self.back_len = np.where(near_old, self.back_len + 1, np.where(valid, 0, self.back_len))
         recovered = self.shifted & (self.back_len >= self.persist)
-        rec_index = np.where(recovered, self.back_start, -1)
+        return recovered, np.where(recovered, self.back_start, -1)
 
-        # accept normal values into the reference; restart it at a new regime
-        self.ref.accept(y, valid & ~out & ~recovered)
+    def _restart(self, y: np.ndarray, confirmed: np.ndarray, recovered: np.ndarray, med: np.ndarray) -> None:
+        """Restart the reference of series at a new regime: a confirmed step (remembering the level
+        it left) or a recovery."""
         if confirmed.any():
             self.old_level = np.where(confirmed & ~self.shifted, med, self.old_level)
             self.shifted = self.shifted | confirmed
@@ -184,6 +199,3 @@ class StepDetector:
             self.old_level[recovered] = np.nan
             self.back_len[recovered] = 0
             self.run_len[recovered] = 0
-        self.t += 1
-        self.last = StepUpdate(confirmed, onset, before, after, recovered, rec_index, out)
-        return self.last

@@ -7,11 +7,12 @@ time, its group-mates the longest. A job whose collector writes only collective 
 slow rank would stand out; this rule names it from the shape of the waits instead.
 
 A rank is *short* in a communication stage when its time, smoothed over ``smooth``
-iterations, is below :data:`SHORT_RATIO` of its collective group's median and at least
-:data:`MIN_GAP_MS` shorter, while that group's median has risen to more than
-:data:`RISE` times its level before (a slow moving baseline of the group median the rank
-sees, updated while the rank is not flagged). A rank short in most (more than half, at least
-one) of the stages whose group rose is flagged; flagged for more than ``transient_max``
+iterations, is below ``arrival_short_ratio`` of its collective group's median and at least
+``arrival_min_gap_ms`` shorter, while that group's median has risen to more than
+``arrival_rise`` times its level before (a slow moving baseline of the group median the rank
+sees, weight ``arrival_baseline_alpha``, updated while the rank is not flagged; these are
+settings of :class:`~analyzer.config.AnalyzerConfig`). A rank short in most (more than half,
+at least one) of the stages whose group rose is flagged; flagged for more than ``transient_max``
 iterations in a row, it is an :attr:`~rankscope.incident.IncidentClass.ARRIVAL_STRAGGLER`.
 A rank that merely waits for the straggler in another group (its pipeline partner, say)
 is short in that group's stage too, but long in the stages it shares with the straggler:
@@ -36,15 +37,6 @@ from analyzer.diagnosis.rule import Rule, culprit_incident, set_culprits
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks, rank_phrase
-
-#: A short collective is below this fraction of its group's median.
-SHORT_RATIO = 0.5
-#: ... and at least this much shorter (ms): sub-millisecond jitter names nobody.
-MIN_GAP_MS = 1.0
-#: The group's median must have risen above this multiple of its baseline.
-RISE = 1.5
-#: Weight of a new iteration in the baseline of the group medians.
-BASELINE_ALPHA = 0.1
 
 
 class ArrivalRule(Rule):
@@ -71,7 +63,8 @@ class ArrivalRule(Rule):
         vals = obs.window.recent(1)[0]                                    # [R, S]
         if self.cause.any() and np.isfinite(vals[:, self.cause]).any():
             return np.zeros(n, dtype=bool)   # compute/host stages reported: the straggler rule's job
-        c = self.comm
+        c, cfg = self.comm, self.cfg
+        alpha = cfg.arrival_baseline_alpha
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             v = vals[:, c]
@@ -79,13 +72,13 @@ class ArrivalRule(Rule):
             smooth = obs.scores.smooth_ratio[:, c]
             base = self.base[:, c]
             valid = np.isfinite(v) & np.isfinite(med) & (med > 0)
-            rose = valid & np.isfinite(base) & (med > RISE * base)
-            short = rose & (smooth < SHORT_RATIO) & (med - v > MIN_GAP_MS)
+            rose = valid & np.isfinite(base) & (med > cfg.arrival_rise * base)
+            short = rose & (smooth < cfg.arrival_short_ratio) & (med - v > cfg.arrival_min_gap_ms)
             n_rose, n_short = rose.sum(axis=1), short.sum(axis=1)
             flag = (n_short >= 1) & (2 * n_short > n_rose)
             # the baseline follows the group medians the rank sees while it is not flagged
             upd = valid & ~flag[:, None]
-            new = np.where(np.isfinite(base), (1 - BASELINE_ALPHA) * base + BASELINE_ALPHA * med, med)
+            new = np.where(np.isfinite(base), (1 - alpha) * base + alpha * med, med)
             base = np.where(upd, new, base)
         self.base[:, c] = base
         return flag & obs.present
@@ -151,7 +144,7 @@ class ArrivalRule(Rule):
                 row = {"stage": st.name, "group": st.group, "group_ranks": format_ranks(members),
                        "culprit_ms": round(c_ms, 3), "groupmates_ms": round(m_ms, 3),
                        "groupmates_before_ms": round(m_before, 3),
-                       "culprits_short": bool(c_ms < SHORT_RATIO * m_ms)}
+                       "culprits_short": bool(c_ms < self.cfg.arrival_short_ratio * m_ms)}
                 rows.append(row)
                 if row["culprits_short"] and (best is None or m_ms - c_ms > best["groupmates_ms"] - best["culprit_ms"]):
                     best = row

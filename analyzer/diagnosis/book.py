@@ -7,31 +7,46 @@ the out-of-band events that can still matter. Older incidents live on in the
 store only; an always-on analyzer's memory does not grow with the job's age.
 Every incident's events are judged here (:meth:`judge_events`), whatever rule
 made it.
+
+Events are kept per host by relevance and time (:mod:`analyzer.diagnosis.event_shelf`), not
+as the newest N: a flood of events on machines outside the job never pushes out those on its
+own hosts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from analyzer.detect.window import Window
+from analyzer.diagnosis.event_shelf import EventShelf
 from analyzer.diagnosis.event_verdicts import OutOfBandEvent, category, verdict
 from analyzer.diagnosis.rank_sets import overlap
 from rankscope.incident import EventVerdict, Incident
-
-#: Most out-of-band events kept per job (a monitor gone mad cannot fill the memory).
-MAX_EVENTS = 10_000
 
 
 class IncidentBook:
     """Open and recently resolved incidents of one job, and its recent events."""
 
-    def __init__(self, event_lookback: int, keep_resolved: int, reopen_within: int = 0):
+    def __init__(self, event_lookback: int, keep_resolved: int, reopen_within: int = 0,
+                 hosts: Iterable[str] = ()):
         self.event_lookback = event_lookback
         self.reopen_within = reopen_within
         self.keep_resolved = keep_resolved
         self._incidents: dict[str, Incident] = {}
         self._judge_from: dict[str, int] = {}   # incident id -> time its events are judged from
-        self.events: list[OutOfBandEvent] = []
+        self.shelf = EventShelf(hosts)
+
+    @property
+    def events(self) -> list[OutOfBandEvent]:
+        """The events held (bounded per host: :class:`EventShelf`), oldest first."""
+        return self.shelf.events()
+
+    def watch_hosts(self, hosts: Iterable[str]) -> None:
+        """The job's host names (its topology's): their events are kept per host, apart from
+        those of every other machine."""
+        self.shelf.set_hosts(hosts)
 
     # ------------------------------------------------------------ incidents
     @property
@@ -117,11 +132,9 @@ class IncidentBook:
 
     # --------------------------------------------------------------- events
     def add_events(self, events: list[OutOfBandEvent]) -> None:
-        """New events; a newer read of a known event (e.g. now resolved) replaces it."""
-        fresh = {e.key: e for e in events}
-        self.events = [e for e in self.events if e.key not in fresh] + list(fresh.values())
-        if len(self.events) > MAX_EVENTS:
-            self.events = sorted(self.events, key=lambda e: e.time_ms)[-MAX_EVENTS:]
+        """New events; a newer read of a known event (e.g. now resolved) replaces it. Kept
+        within the shelf's bounds (per host of the job; the rest shared)."""
+        self.shelf.add(events)
 
     def horizon(self, win: Window) -> int | None:
         """The earliest event time that can still matter: the window's start (where a new
@@ -134,7 +147,7 @@ class IncidentBook:
         """Drop events no incident can use any more (older than :meth:`horizon`)."""
         cutoff = self.horizon(win)
         if cutoff is not None:
-            self.events = [e for e in self.events if e.time_ms >= cutoff]
+            self.shelf.forget_before(cutoff)
 
     def _judge_start(self, inc: Incident, win: Window) -> int:
         """Fixed the first time an incident is judged, so its verdicts do not drift away as
@@ -150,14 +163,14 @@ class IncidentBook:
         since ``event_lookback`` iterations before its onset, with its verdict."""
         start = self._judge_start(inc, win)
         verdicts = []
-        for e in self.events:
+        for e in self.shelf.events():
             if e.time_ms < start:
                 continue
             if not e.names(inc.ranks, inc.nodes, inc.hosts):
                 continue   # about another machine (of this job or not): not this incident's evidence
             v, reason = verdict(category(e.name, e.text), inc.cls, on_culprit=True, evidence=inc.evidence)
             verdicts.append(EventVerdict(e.name, e.node, v, reason, e.time_ms, host=e.host, rank=e.rank,
-                                         status=e.status))
+                                         status=e.status, source=e.source))
         inc.events = verdicts
 
     def rejudge_events(self, win: Window) -> list[Incident]:

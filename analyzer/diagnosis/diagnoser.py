@@ -15,9 +15,11 @@ State lives in the objects; :meth:`Diagnoser.update` is fed once per iteration.
 from __future__ import annotations
 
 from analyzer.config import AnalyzerConfig
+from analyzer.detect.window import Window
 from analyzer.diagnosis.arrival import ArrivalRule
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.event_verdicts import OutOfBandEvent
+from analyzer.diagnosis.health import DiagnosisHealth
 from analyzer.diagnosis.links import LinkRule
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.pipeline import PipelineRule
@@ -41,15 +43,16 @@ class Diagnoser:
         self.job, self.topo, self.stages = job, topo, stages
         self.cfg = cfg = config or AnalyzerConfig()
         self.cells = RankCells(topo.world, len(stages))
-        self.silence = SilenceRule(job, topo, stages, cfg)
-        self.transient = TransientStallRule(job, topo, stages, cfg, self.cells)
+        silence = SilenceRule(job, topo, stages, cfg)
+        transient = TransientStallRule(job, topo, stages, cfg, self.cells)
+        self._health = DiagnosisHealth(silence, transient)
         rules: dict[str, Rule] = {
-            "transient": self.transient,
+            "transient": transient,
             "stragglers": StragglerRule(job, topo, stages, cfg, self.cells),
             "links": LinkRule(job, topo, stages, cfg),
             "pipeline": PipelineRule(job, topo, stages, cfg),
             "arrival": ArrivalRule(job, topo, stages, cfg),
-            "silence": self.silence,
+            "silence": silence,
         }
         self.rules: list[Rule] = [rules[name] for name in RULES]
         self._owner: dict[IncidentClass, Rule] = {c: r for r in self.rules for c in r.classes}
@@ -57,7 +60,7 @@ class Diagnoser:
         if missing:
             raise RuntimeError(f"no rule owns incident class(es) {sorted(missing)}")
         self.book = IncidentBook(cfg.event_lookback, keep_resolved=max(cfg.history, cfg.reopen_within),
-                                 reopen_within=cfg.reopen_within)
+                                 reopen_within=cfg.reopen_within, hosts=topo.hosts or ())
         self._quiet: dict[str, int] = {}
         self._replayed: dict[str, int] = {}   # adopted incident id -> time of its last update
 
@@ -68,9 +71,23 @@ class Diagnoser:
         return self.book.incidents
 
     @property
+    def health(self) -> DiagnosisHealth:
+        """Data completeness and the sporadic stalls counted as noise (:mod:`analyzer.diagnosis.health`)."""
+        return self._health
+
+    @property
     def reporting_ranks(self) -> int:
         """Ranks that have reported at least once."""
-        return int(self.silence.seen.sum())
+        return self._health.reporting_ranks
+
+    @property
+    def events_held(self) -> int:
+        """Out-of-band events held in memory (bounded: see :mod:`analyzer.diagnosis.book`)."""
+        return len(self.book.events)
+
+    def event_horizon(self, win: Window) -> int | None:
+        """Events older than this cannot change any verdict (None: read them all)."""
+        return self.book.horizon(win)
 
     def adopt(self, incidents: list[Incident]) -> None:
         """Take over incidents read back from the store (after a restart)."""
@@ -94,6 +111,7 @@ class Diagnoser:
     def replace_topology(self, topo: Topology) -> None:
         """The same layout with another placement (see :meth:`JobAnalyzer.replace_placement`)."""
         self.topo = topo
+        self.book.watch_hosts(topo.hosts or ())
         for rule in self.rules:
             rule.topo = topo  # type: ignore[attr-defined]
 
@@ -146,6 +164,6 @@ class Diagnoser:
                 self._quiet[inc.id] = q
         return out
 
-    def rejudge_events(self, obs_window) -> list[Incident]:
+    def rejudge_events(self, obs_window: Window) -> list[Incident]:
         """Open incidents whose event verdicts changed since they were last judged."""
         return self.book.rejudge_events(obs_window)

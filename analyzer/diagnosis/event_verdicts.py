@@ -70,7 +70,9 @@ class OutOfBandEvent:
     """An event from a monitor outside the training job, as read from the ``event`` measurement.
 
     It names a machine by ``host`` (what monitoring speaks in), or by the job's ``node``
-    number or ``rank`` (-1: not named); ``status`` is ``firing`` or ``resolved``.
+    number or ``rank`` (-1: not named); ``status`` is ``firing`` or ``resolved``; ``source``
+    who reported it (``alertmanager/<receiver>``, ``grafana/<receiver>``, ``events/<sender>``,
+    ``cli/<sender>``: the receiver's route or command first, so a forged one can be traced).
     """
 
     time_ms: int
@@ -80,12 +82,13 @@ class OutOfBandEvent:
     rank: int = -1
     status: str = "firing"
     text: str = ""
+    source: str = ""
 
     @property
     def key(self) -> tuple:
         """What makes two reads of one stored event the same event (a resolved notice of it
-        replaces the firing one)."""
-        return (self.time_ms, self.name, self.node, self.host, self.rank)
+        replaces the firing one; the same alert from another source is another event)."""
+        return (self.time_ms, self.name, self.node, self.host, self.rank, self.source)
 
     def names(self, ranks, nodes, hosts) -> bool:
         """Whether the event is about one of these ranks, node ids or host names (a host as
@@ -103,13 +106,13 @@ class OutOfBandEvent:
             except (TypeError, ValueError):
                 return -1
 
-        host = row.get("host")
-        status = row.get("status")
-        text = row.get("text")
+        def string(key: str) -> str:
+            value = row.get(key)
+            return value if isinstance(value, str) else ""
+
         return cls(time_ms=int(row["time"]), name=str(row.get("name") or "event"), node=integer("node"),
-                   host=host if isinstance(host, str) else "", rank=integer("rank"),
-                   status=status if isinstance(status, str) and status else "firing",
-                   text=text if isinstance(text, str) else "")
+                   host=string("host"), rank=integer("rank"), status=string("status") or "firing",
+                   text=string("text"), source=string("source"))
 
 
 def _pattern(word: str) -> str:

@@ -68,25 +68,51 @@ def new_rank_incident(job: str, cls: IncidentClass, stage: str, ranks: np.ndarra
                             stage=stage, ratio=1.0, group_type=None, group_ranks=[])
 
 
-def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages: StageSet) -> None:
-    """Ratio, localising group, collective behaviour and the L1 context of a rank incident."""
+def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages: StageSet,
+                        short_ratio: float) -> None:
+    """Ratio, localising group, collective behaviour and the L1 context of a rank incident; the
+    culprits' collectives count as short (they arrived last) below ``short_ratio`` of their
+    group-mates' (``short_collective_ratio`` of :class:`~analyzer.config.AnalyzerConfig`)."""
     win = obs.window
     s = stages.index(inc.stage)
     ranks = np.asarray(inc.ranks, dtype=np.int64)
     since = win.since(inc.onset_iteration, inc.resolved_iteration if inc.resolved_iteration >= 0 else None)
     vals = win.values[since][:, :, s]                       # [T, R]
     peers = peer_kind(topo)
+    culprit_ms, group_median_ms = _against_peers(vals, ranks, peers, topo)
+    ratio = culprit_ms / group_median_ms if group_median_ms > 0 else float("nan")
+    inc.ratio = ratio
+    loc_kind, loc_ranks = _localising_group(vals, ranks, culprit_ms, ratio, peers, topo)
+    loc_cv = _group_cv(vals[:, loc_ranks])
+    inc.group_type, inc.group_ranks = loc_kind, loc_ranks.tolist()
+    comm, arrived_last = _collectives(inc, ranks, since, obs, topo, stages, short_ratio)
+    summary = _summary(inc, obs, stages, comm, arrived_last, ratio, loc_kind, loc_ranks,
+                       culprit_ms, group_median_ms, loc_cv)
+    inc.evidence = {
+        "summary": summary, "stage": inc.stage, "stage_kind": stages[inc.stage].kind,
+        "ratio": round(ratio, 3), "culprit_ms": round(culprit_ms, 3),
+        "group_median_ms": round(group_median_ms, 3), "peer_group": peers,
+        "group": {"type": loc_kind, "id": int(topo.group_ids(loc_kind)[ranks[0]]),
+                  "ranks": format_ranks(loc_ranks), "cv": round(loc_cv, 3)},
+        "collectives": comm, "arrived_last": arrived_last, "l1": obs.l1_step,
+    }
+
+
+def _against_peers(vals: np.ndarray, ranks: np.ndarray, peers: str, topo: Topology) -> tuple[float, float]:
+    """The culprits' median time in the stage (``vals``: [T, R]) and their peer groups' median
+    with the culprits left out (robust for small groups too)."""
     culprit_ms = float(np.nanmedian(vals[:, ranks]))
-    # peers' median with the culprits left out (robust for small groups too)
     v_wo = vals.copy()
     v_wo[:, ranks] = np.nan
     peer_med = group_medians(v_wo.T, topo.members(peers))   # [G, T]
     gid = topo.group_ids(peers)[ranks]
-    group_median_ms = float(np.nanmedian(peer_med[gid]))
-    ratio = culprit_ms / group_median_ms if group_median_ms > 0 else float("nan")
-    inc.ratio = ratio
-    # localising group: the smallest group holding every culprit in which they stand out
-    loc_kind, loc_ranks = peers, topo.group_ranks(peers, int(ranks[0]))
+    return culprit_ms, float(np.nanmedian(peer_med[gid]))
+
+
+def _localising_group(vals: np.ndarray, ranks: np.ndarray, culprit_ms: float, ratio: float, peers: str,
+                      topo: Topology) -> tuple[str, np.ndarray]:
+    """The smallest group holding every culprit in which they stand out (the peer group when
+    none does): its kind and its ranks."""
     for kind in LOCAL_KINDS:
         if topo.group_size(kind) < 2:
             continue
@@ -96,14 +122,21 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
         others = np.setdiff1d(members, ranks)
         med_others = float(np.nanmedian(vals[:, others]))
         if med_others > 0 and culprit_ms / med_others >= 1 + (ratio - 1) / 2:
-            loc_kind, loc_ranks = kind, members
-            break
-    g = vals[:, loc_ranks]
+            return kind, members
+    return peers, topo.group_ranks(peers, int(ranks[0]))
+
+
+def _group_cv(g: np.ndarray) -> float:
+    """Median over iterations of the group's coefficient of variation (``g``: [T, members])."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # iterations where the group is silent
-        loc_cv = float(np.nanmedian(np.nanstd(g, axis=1) / np.nanmean(g, axis=1)))
-    inc.group_type, inc.group_ranks = loc_kind, loc_ranks.tolist()
-    comm, arrived_last = _collectives(inc, ranks, since, obs, topo, stages)
+        return float(np.nanmedian(np.nanstd(g, axis=1) / np.nanmean(g, axis=1)))
+
+
+def _summary(inc: Incident, obs: Observation, stages: StageSet, comm: list[dict], arrived_last: bool,
+             ratio: float, loc_kind: str, loc_ranks: np.ndarray, culprit_ms: float, group_median_ms: float,
+             loc_cv: float) -> str:
+    """The incident's one-paragraph explanation."""
     compute_only = stages[inc.stage].kind == "compute"
     ratio_txt = f"{ratio:.1f}x" if np.isfinite(ratio) else "?"
     summary = (f"{rank_phrase(inc.ranks, capital=True)} ({inc.where}) "
@@ -123,20 +156,14 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
                     f"{obs.l1_step['after_ms'] / 1000:.1f} s at iteration {obs.l1_step['iteration']}.")
     if inc.cls == IncidentClass.TRANSIENT_STALL:
         summary += f" It lasted {max(1, obs.iteration - inc.onset_iteration)} iteration(s) and passed."
-    inc.evidence = {
-        "summary": summary, "stage": inc.stage, "stage_kind": stages[inc.stage].kind,
-        "ratio": round(ratio, 3), "culprit_ms": round(culprit_ms, 3),
-        "group_median_ms": round(group_median_ms, 3), "peer_group": peers,
-        "group": {"type": loc_kind, "id": int(topo.group_ids(loc_kind)[ranks[0]]),
-                  "ranks": format_ranks(loc_ranks), "cv": round(loc_cv, 3)},
-        "collectives": comm, "arrived_last": arrived_last, "l1": obs.l1_step,
-    }
+    return summary
 
 
 def _collectives(inc: Incident, ranks: np.ndarray, since: np.ndarray, obs: Observation, topo: Topology,
-                 stages: StageSet) -> tuple[list[dict], bool]:
+                 stages: StageSet, short_ratio: float) -> tuple[list[dict], bool]:
     """Per collective stage: the culprits' time against their group-mates' (now and before the
-    onset); whether the culprits' collectives are short in most of them (they arrived last)."""
+    onset); whether the culprits' collectives are short (below ``short_ratio`` of their
+    group-mates') in most of them (they arrived last)."""
     win = obs.window
     now, before = win.values[since], win.values[win.before(inc.onset_iteration)]
     comm = []
@@ -152,6 +179,6 @@ def _collectives(inc: Incident, ranks: np.ndarray, since: np.ndarray, obs: Obser
             m_before = float(np.nanmedian(before[:, mates, j])) if len(mates) and len(before) else float("nan")
             comm.append({"stage": st.name, "group": st.group, "culprit_ms": round(c_ms, 3),
                          "groupmates_ms": round(m_ms, 3), "groupmates_before_ms": round(m_before, 3),
-                         "culprits_short": bool(np.isfinite(m_ms) and c_ms < 0.8 * m_ms)})
+                         "culprits_short": bool(np.isfinite(m_ms) and c_ms < short_ratio * m_ms)})
     short = sum(c["culprits_short"] for c in comm)
     return comm, bool(comm) and short >= max(1, len(comm) // 2)

@@ -8,7 +8,7 @@ its ranks report again.
 
 A rank missing now and then is not silent: writers drop points under back-pressure by
 design. Those gaps are counted per rank (:attr:`SilenceRule.gaps`, points expected against
-points received) and never make an incident.
+points received, read through :mod:`analyzer.diagnosis.health`) and never make an incident.
 
 Example::
 
@@ -81,6 +81,11 @@ class SilenceRule(Rule):
     def gaps(self) -> tuple[int, int]:
         """Points expected (iterations since each rank first reported) and received."""
         return int(self.expected.sum()), int(self.received.sum())
+
+    @property
+    def reporting_ranks(self) -> int:
+        """Ranks that have reported at least once."""
+        return int(self.seen.sum())
 
     def active(self, inc: Incident, obs: Observation) -> bool:
         return not obs.present[np.asarray(inc.ranks, dtype=np.int64)].all()

@@ -73,7 +73,7 @@ class StragglerRule(Rule):
             for part_r, part_o in split_by_onset_and_place(ranks, onsets, gap, self.topo):
                 inc = new_rank_incident(self.job, cls, stage, part_r, part_o, obs, self.topo)
                 cells.claim(part_r, s)
-                write_rank_evidence(inc, obs, self.topo, self.stages)
+                write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
                 book.judge_events(inc, obs.window)
                 inc = book.register(inc)
                 out.append(inc)
@@ -98,7 +98,7 @@ class StragglerRule(Rule):
                 self.cells.claim(take, s)
                 if inc.stage == stage and not np.isin(take, inc.ranks).all():
                     set_culprits(inc, np.union1d(inc.ranks, take), self.topo)
-                    write_rank_evidence(inc, obs, self.topo, self.stages)
+                    write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
                     out.append(inc)
                 keep = ~np.isin(ranks, take)
                 ranks, onsets = ranks[keep], onsets[keep]

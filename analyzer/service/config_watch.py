@@ -80,7 +80,12 @@ class ConfigWatcher:
                 log.info("config %s reloaded: nothing changed", self.path)
             return None
         # the file's settings, except those that wait for a restart: they keep their running values
-        applied = replace(config, **{k: getattr(self.config, k) for k in RESTART_ONLY})
+        try:  # (checked again: a new value must also agree with the running restart-only ones)
+            applied = replace(config, **{k: getattr(self.config, k) for k in RESTART_ONLY})
+        except ValueError as exc:
+            log.error("config reload refused, the current thresholds stay: config %s with the "
+                      "running restart-only settings: %s", self.path, exc)
+            return None
         log.warning("config %s reloaded: %s (from the next cycle on)", self.path, _describe(now))
         self.config = applied
         return applied

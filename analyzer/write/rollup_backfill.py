@@ -1,16 +1,17 @@
-"""Rollups written from what the store already holds: the backfill and the windows.
+"""``rankscope rollup``: the rollups of iterations no analyzer saw, from what the store holds.
 
-The analyzer's cycle rolls up the iterations it processes in memory; two things it and
-``rankscope rollup`` share need the store's points instead, and live here:
+The analyzer's cycle rolls up the iterations it processes, windows and hours included, in
+memory (:mod:`analyzer.write.outputs`). The backfill works from the store instead:
 
-- :func:`write_windows`: the ``rollup_host_5m`` points of some windows, read back from
-  ``rollup_host``, so the points written before a restart or by a backfill count, and the
-  ``rollup_host_1h`` points of the hours they fall in, read back from ``rollup_host_5m``;
 - :func:`backfill`: ``rollup_host`` / ``rollup_job`` for iterations no analyzer saw (an
   imported trace, a replayed scenario, a long outage), read from ``stage_latency`` a chunk of
-  iterations at a time, then their windows; and the hours of every window stored in the range,
-  so the hours of history written before ``rollup_host_1h`` existed (an upgrade) are there too:
-  its raw points are gone after 7 days, its windows are kept as long as the hours.
+  iterations at a time through an :class:`~analyzer.read.iteration_reader.IterationReader`,
+  then their windows; and the hours of every window stored in the range, so the hours of
+  history written before ``rollup_host_1h`` existed (an upgrade) are there too: its raw
+  points are gone after 7 days, its windows are kept as long as the hours;
+- :func:`write_windows`: the ``rollup_host_5m`` points of some windows, from the
+  ``rollup_host`` points stored (the analyzer's and the backfill's alike), and the
+  ``rollup_host_1h`` points of the hours they fall in, from the stored ``rollup_host_5m``.
 
 Points are keyed by time and tags, so writing a range again writes the same points.
 """
@@ -24,14 +25,11 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from analyzer.read.iteration_assembler import IterationAssembler
-from analyzer.read.read_size import iterations_per_read
+from analyzer.read.iteration_reader import IterationReader
 from analyzer.write.rollups import rollup_frames, window_rollup, window_span
 from rankscope import schema
 from rankscope.frames import frame_to_cube
 from rankscope.store import Store
-from rankscope.topology import Topology, TopologyError
-from rankscope.topology_inference import infer_topology
 
 #: Windows of ``rollup_host_5m`` written per read of ``rollup_host`` (an hour: 12 x 1,620 x 10
 #: points at IL-0477).
@@ -51,52 +49,27 @@ class BackfillReport:
     last_ms: int | None = None
 
 
-def _topology(frame: pd.DataFrame, previous: Topology | None) -> Topology:
-    """The topology the chunk's rank tags describe (each rank's latest row); the previous
-    chunk's when this one misses ranks and does not describe one."""
-    rows = frame.drop_duplicates("rank", keep="last")
-    hosts = rows["host"] if "host" in rows.columns else None
-    try:
-        return infer_topology(rows["rank"], rows["tp"], rows["pp"], rows["dp"], rows["ep_group"], rows["node"],
-                              host=hosts)
-    except TopologyError:
-        if previous is None:
-            raise
-        return previous
-
-
 def backfill(store: Store, job: str, since_ms: int, until_ms: int | None = None,
              chunk_iterations: int = 20, progress: bool = False) -> BackfillReport:
     """Write the rollups of ``job``'s iterations with times in [since_ms, until_ms]; with
     ``progress``, a bar of the iterations done on a terminal (stderr)."""
     report = BackfillReport(job, 0, {})
-    cursor, topo = since_ms - 1, None
-    bar = tqdm(desc=f"rollup {job}", unit="it", disable=None if progress else True, leave=False,
-               dynamic_ncols=True)
-    asm = IterationAssembler()   # each rank stamps its own clock: whole iterations by their field
-    with bar:
-        tail = False
-        while not tail:
-            n = iterations_per_read(topo.world if topo is not None else None, chunk_iterations)
-            times = store.next_times(schema.STAGE_LATENCY, job, cursor, n)
-            times = [t for t in times if until_ms is None or t <= until_ms]
-            tail = len(times) < n   # then read on to the range's end
-            end = until_ms if tail else times[-1]
-            asm.add(store.read_stage_latency(job, start_ms=cursor + 1, end_ms=end))
-            cursor = end if end is not None else cursor
-            frame = asm.ready(None, final=tail)
-            if len(frame):
-                topo = _topology(frame, topo)
-                stages = [s for s in schema.stage_fields(frame.columns)
-                          if pd.api.types.is_numeric_dtype(frame[s])]
-                cube = frame_to_cube(frame, topo.world, stages)
-                for name, rolled in rollup_frames(job, topo, cube).items():
-                    store.write_measurement(name, rolled)
-                    report.points[name] = report.points.get(name, 0) + len(rolled)
-                report.iterations += len(cube.iterations)
-                report.first_ms = int(cube.times.min()) if report.first_ms is None else report.first_ms
-                report.last_ms = int(np.max(cube.times))
-                bar.update(len(cube.iterations))
+    reader = IterationReader(store, job, chunk_iterations, since_ms=since_ms, until_ms=until_ms)
+    topo = None
+    with tqdm(desc=f"rollup {job}", unit="it", disable=None if progress else True, leave=False,
+              dynamic_ncols=True) as bar:
+        for frame in reader.chunks(final=True):
+            topo = reader.chunk_topology(frame, topo)
+            reader.world = topo.world
+            stages = [s for s in schema.stage_fields(frame.columns) if pd.api.types.is_numeric_dtype(frame[s])]
+            cube = frame_to_cube(frame, topo.world, stages)
+            for name, rolled in rollup_frames(job, topo, cube).items():
+                store.write_measurement(name, rolled)
+                report.points[name] = report.points.get(name, 0) + len(rolled)
+            report.iterations += len(cube.iterations)
+            report.first_ms = int(cube.times.min()) if report.first_ms is None else report.first_ms
+            report.last_ms = int(np.max(cube.times))
+            bar.update(len(cube.iterations))
     if report.iterations:
         # every window the range touches, its edges included: the window's other points count
         report.points.update(write_windows(store, job, *window_span(report.first_ms, report.last_ms),

@@ -1,0 +1,222 @@
+"""One job's ``stage_latency``, read in chunks of whole iterations: the analyzer's only reader of it.
+
+Each rank stamps its own clock, so one iteration's points spread over milliseconds to
+seconds. :class:`IterationReader` finds the new points by time and hands on whole
+iterations by their ``iteration`` field:
+
+1. **the probe**: ``next_times`` after the cursor gives about one time per iteration, so a
+   read asks for ``chunk`` iterations (fewer in a job so large that a read would outgrow
+   ``max_read_rows``: :mod:`analyzer.read.read_size`; one until the job's size is known), and
+   the last read goes on to the newest point of any rank;
+2. **the read**: a contiguous time range after the cursor, into an
+   :class:`~analyzer.read.iteration_assembler.IterationAssembler`, which hands on an iteration
+   once every rank reported or after a bounded wait;
+3. **the cursor**: the newest point read. Each cycle reads again from
+   :data:`LATE_MARGIN_MS` before it, so points written late are read too (the assembler
+   tells a re-read row from a late one);
+4. **the first read**: a job never analyzed is read from its first point; a job analyzed
+   before (a restarted analyzer) from its last ``history`` iterations, a replay that warms
+   the detectors up. Such a read starts inside the data: its oldest iteration may be
+   partial, so it, and the rest of it read later, are cut. :meth:`before_replay` reads the
+   iterations the predecessor analyzed before the replay's start, for the rollup windows
+   they share with the replayed ones;
+5. **what the rows say**: the job's topology and stages from its first iterations, a
+   placement that moved, each backfill chunk's layout (:mod:`analyzer.read.row_layout`);
+6. **the events**: the job's out-of-band events and the cluster's, read when the cycle asks
+   (once a cycle).
+
+``since_ms`` / ``until_ms`` make it a reader of a fixed range (``rankscope rollup``, and the
+iterations before a replay): from ``since_ms``, to ``until_ms``, everything handed on at
+the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analyzer.read.iteration_assembler import AssemblyCounts, IterationAssembler
+from analyzer.read.read_size import MAX_READ_ROWS, iterations_per_read
+from analyzer.read.row_layout import chunk_topology, described_placement, stages_of, topology_of
+from rankscope import schema
+from rankscope.schema import StageSet
+from rankscope.store import Store
+from rankscope.topology import Topology
+
+log = logging.getLogger(__name__)
+
+#: Late points of an iteration are looked for this far before the last one processed.
+LATE_MARGIN_MS = 120_000
+IT = schema.ITERATION_FIELD
+
+
+@dataclass
+class Replay:
+    """Where a restarted analyzer's replay starts: after ``cursor_ms`` (the last ``history``
+    iterations), the job analyzed before up to ``analyzed_ms`` (its newest ``l2_group``
+    point); ``skipped`` is the replay's first, partial iteration, not replayed."""
+
+    cursor_ms: int
+    analyzed_ms: int
+    skipped: int | None = None
+
+
+class IterationReader:
+    """Reads one job's ``stage_latency`` and hands on whole iterations, oldest first.
+
+    The caller says, as it analyzes, how many ranks a whole iteration has (``expected``),
+    which iterations it analyzed already and how many ranks the job has (:meth:`analyzed`).
+    """
+
+    def __init__(self, store: Store, job: str, chunk: int = 20, max_read_rows: int = MAX_READ_ROWS,
+                 wait_ms: int = 15_000, since_ms: int | None = None, until_ms: int | None = None):
+        self.store, self.job = store, job
+        self.chunk, self.max_read_rows = chunk, max_read_rows
+        self.until_ms = until_ms
+        self.assembler = IterationAssembler(wait_ms)   # whole iterations out of the points
+        self.cursor: int | None = None if since_ms is None else since_ms - 1
+        self.read_until: int | None = None   # time (ms) of the newest point read
+        self.replay: Replay | None = None
+        self.world: int | None = None        # the job's ranks, once known: sizes the reads
+        self.expected: int | None = None     # ranks of a whole iteration (None: by the wait only)
+        self.read_s = 0.0                    # seconds in the probes and reads of this cycle
+        self._analyzed = -1                  # the newest iteration analyzed
+        self._cut = False
+        self._informed: object | None = None   # whom this cycle's events went to
+        self._late_logged = 0
+
+    @property
+    def counts(self) -> AssemblyCounts:
+        """Rows used, late rows dropped, iterations handed on short."""
+        return self.assembler.counts
+
+    # ------------------------------------------------------------ where to read
+    def resume(self, history: int, wait_ms: int) -> None:
+        """Where this cycle's reads start: again from a margin before what was read (points
+        written late are read too), or, nothing read yet, from the job's first point or, when
+        it was analyzed before, from its last ``history`` iterations."""
+        self.assembler.wait_ms = int(wait_ms)
+        self.read_s, self._cut, self._informed = 0.0, False, None
+        if self.read_until is not None:
+            self.cursor = self.read_until - LATE_MARGIN_MS
+            return
+        self.cursor = None
+        analyzed = self.store.latest_times(schema.L2_GROUP, self.job, 1)
+        if not analyzed:   # never analyzed: everything
+            return
+        times = self.store.latest_times(schema.STAGE_LATENCY, self.job, history)
+        if times:
+            self.cursor, self._cut = times[-1] - 1, True
+            self.replay = Replay(self.cursor, analyzed[0])
+
+    def analyzed(self, ranks: int, last_iteration: int, world: int) -> None:
+        """What the job's analyzer now knows: the ranks that reported (an iteration is whole
+        with them), the newest iteration it analyzed, the job's size."""
+        self.expected = ranks or None
+        self._analyzed = last_iteration
+        self.world = world
+
+    # ------------------------------------------------------------ reading
+    def chunks(self, final: bool = False, clock: Callable[[], float] | None = None) -> Iterator[pd.DataFrame]:
+        """The iterations that became ready, one frame per read that made some ready, oldest
+        first. The wall ``clock`` (s) counts once everything is read (a job that hangs);
+        ``final`` then hands on what is held, a possibly incomplete last iteration too."""
+        tail = False
+        while not tail:
+            t0 = time.perf_counter()
+            n = iterations_per_read(self.world, self.chunk, self.max_read_rows)
+            times = self.store.next_times(schema.STAGE_LATENCY, self.job, self.cursor, n)
+            if self.until_ms is not None:
+                times = [t for t in times if t <= self.until_ms]
+            tail = len(times) < n   # then read on to the newest point (or the range's end)
+            if tail and self.cursor is None and not times:
+                return
+            end = self.until_ms if tail else times[-1]
+            frame = self.store.read_stage_latency(self.job, start_ms=None if self.cursor is None else self.cursor + 1,
+                                                  end_ms=end)
+            self.read_s += time.perf_counter() - t0
+            self._take(frame, [t for t in (end, times[-1] if times else None) if t is not None])
+            now = int(clock() * 1000) if tail and clock is not None else None
+            ready = self.assembler.ready(self.expected, now, final and tail)
+            if len(ready):
+                yield ready
+
+    def _take(self, frame: pd.DataFrame, ends: list[int]) -> None:
+        """Move the cursor past a read and hand its rows to the assembler."""
+        newest = [t for t in (self.cursor, *ends) if t is not None]
+        if len(frame):
+            newest.append(int(frame["time"].max()))
+            if self._cut:   # the oldest iteration read is partial: it, and the rest of it read later, go
+                first = int(frame[IT].min())
+                self.assembler.skip_through(first)
+                if self.replay is not None:
+                    self.replay.skipped = first
+                self._cut = False
+        self.cursor = self.read_until = max(newest)
+        self.assembler.last_iteration = max(self.assembler.last_iteration, self._analyzed)
+        self.assembler.add(frame)
+
+    def before_replay(self, since_ms: int) -> Iterator[pd.DataFrame]:
+        """A restarted analyzer's iterations from ``since_ms`` up to its replay: those its
+        predecessor analyzed (through the replay's first, partial iteration, or, when the job
+        ran on while no analyzer did, up to the predecessor's newest), which share rollup
+        windows with the replayed ones. Nothing for an analyzer that replays no history."""
+        rp = self.replay
+        if rp is None or rp.skipped is None:
+            return
+        end = min(rp.cursor_ms, rp.analyzed_ms)
+        if since_ms > end:
+            return
+        # a margin on both sides: the iterations at the range's edges are read whole
+        older = IterationReader(self.store, self.job, self.chunk, self.max_read_rows, self.assembler.wait_ms,
+                                since_ms=since_ms - LATE_MARGIN_MS, until_ms=end + LATE_MARGIN_MS)
+        older.world = self.world
+        for frame in older.chunks(final=True):
+            its = frame[IT].to_numpy()
+            stamped = frame.groupby(IT)["time"].transform("max").to_numpy()   # the iteration's time
+            keep = (stamped >= since_ms) & ((its <= rp.skipped) if rp.cursor_ms <= rp.analyzed_ms
+                                            else (stamped <= rp.analyzed_ms))
+            if keep.any():
+                yield frame.loc[keep].reset_index(drop=True)
+
+    # ------------------------------------------------------------ what the rows say
+    def topology(self, ready: pd.DataFrame) -> Topology:
+        """The topology (and placement) of the job's first whole iterations and the rows held."""
+        return topology_of(pd.concat([ready, self.assembler.pending()]))
+
+    def stages(self, ready: pd.DataFrame, held: bool = False) -> StageSet:
+        """The known stages the rows have (``held``: and the rows the assembler holds)."""
+        return stages_of(pd.concat([ready, self.assembler.pending()]).columns if held else ready.columns)
+
+    def placement(self, ready: pd.DataFrame, topo: Topology) -> Topology | None:
+        """The topology the rows' host tags describe when it is not ``topo`` (another layout,
+        or ranks on other nodes); None when they say nothing new."""
+        return described_placement(self.job, ready, topo)
+
+    @staticmethod
+    def chunk_topology(frame: pd.DataFrame, previous: Topology | None) -> Topology:
+        """The topology a chunk's tags describe; ``previous`` when they describe none."""
+        return chunk_topology(frame, previous)
+
+    # ------------------------------------------------------------ around the points
+    def events(self, analyzer: object, since_ms: Callable[[], int | None]) -> list[dict]:
+        """The job's out-of-band events and the cluster's (matched by host later) from
+        ``since_ms()`` (None: all), as rows, once a cycle for ``analyzer`` (again for one that
+        took over in the cycle; [] until the next cycle): monitoring posts late (Alertmanager's
+        group_wait) and resolves later, so each cycle reads them again."""
+        if analyzer is self._informed:
+            return []
+        self._informed = analyzer
+        ev = self.store.read_events(self.job, start_ms=since_ms())
+        return ev.to_dict("records") if len(ev) else []
+
+    def log_late(self) -> None:
+        """Say once how many points came after their iteration was analyzed."""
+        late = self.counts.late_rows
+        if late and late != self._late_logged:
+            log.info("job %s: %d point(s) arrived after their iteration was analyzed (ignored)", self.job, late)
+            self._late_logged = late

@@ -1,0 +1,106 @@
+"""What the analyzer's cycle writes for a job, and when.
+
+- :class:`JobRollups` (kept for the job's life): the ``rollup_host`` and ``rollup_job`` points
+  of every iteration processed (:mod:`analyzer.write.rollups`), held until the cycle ends or
+  they make :data:`FLUSH_ROWS` rows (a cycle that catches up on hours of data), then written
+  with the ``rollup_host_5m`` / ``rollup_host_1h`` windows closed meanwhile
+  (:mod:`analyzer.write.window_rollups`, made in memory). Points a failed write left are
+  written with the next.
+- :class:`CycleOutputs` (one cycle): the ``l1_changepoint``, ``l2_group``, ``l2_rank``,
+  ``job_health``, ``incident`` and ``incident_host`` points of what the cycle analyzed.
+
+Every point is keyed by time and tags, so writing the same iterations again writes the same
+points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from analyzer.write.rollups import incident_host_frame, rollup_frames
+from analyzer.write.window_rollups import WindowRollups
+from rankscope import schema
+from rankscope.frames import LatencyCube
+from rankscope.incident import Incident, incidents_frame
+from rankscope.store import Store
+from rankscope.topology import Topology
+
+#: ``rollup_host`` rows held before they are written: about what one read of raw points holds.
+FLUSH_ROWS = 200_000
+
+
+class JobRollups:
+    """One job's rollups as its cycles make them."""
+
+    def __init__(self, job: str, settle_ms: int):
+        self.job = job
+        self.windows = WindowRollups(settle_ms)
+        self._held: dict[str, list[pd.DataFrame]] = {}
+        self._rows = 0
+
+    def resume(self, store: Store, first_ms: int, analyzed_ms: int) -> int:
+        """A restarted analyzer's windows, from the first iteration it replays and the newest
+        its predecessor analyzed: they start at the latest window stored (the time of it is the
+        one thing read); returns from when the predecessor's iterations are wanted for them."""
+        stored = store.latest_times(schema.ROLLUP_HOST_WINDOW, self.job, 1)
+        return self.windows.begin(first_ms, stored[0] if stored else None, analyzed_ms)
+
+    def add(self, topo: Topology, cube: LatencyCube, write: bool = True) -> None:
+        """The rollups of the iterations of ``cube`` (``write=False``: only for the windows,
+        e.g. a predecessor's iterations, whose points are stored already)."""
+        frames = rollup_frames(self.job, topo, cube)
+        if not frames:
+            return
+        self.windows.add(frames[schema.ROLLUP_HOST])
+        if write:
+            for name, frame in frames.items():
+                self._held.setdefault(name, []).append(frame)
+            self._rows += len(frames[schema.ROLLUP_HOST])
+
+    def flush(self, store: Store, last_ms: int, now_ms: int | None = None, final: bool = False,
+              force: bool = False) -> None:
+        """Write what is held, once it is :data:`FLUSH_ROWS` rows or with ``force`` (the cycle's
+        end), and the windows closed since: by the newest iteration ``last_ms`` and the wall
+        clock ``now_ms`` (None: the data alone), the open one too when ``final``."""
+        if not force and self._rows < FLUSH_ROWS:
+            return
+        for name, frame in self.windows.close(last_ms, now_ms, final).items():
+            self._held.setdefault(name, []).append(frame)
+        self._rows = 0
+        for name in list(self._held):   # what a failed write left is written again (the later point last)
+            frames = [f for f in self._held[name] if len(f)]
+            if frames:
+                store.write_measurement(name, frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
+            del self._held[name]
+
+
+@dataclass
+class CycleOutputs:
+    """What one cycle found for a job: change points, incidents that changed, iterations."""
+
+    changepoints: list = field(default_factory=list)
+    incidents: dict[str, Incident] = field(default_factory=dict)
+    iterations: int = 0
+
+    def add(self, result) -> None:
+        """A :class:`~analyzer.job_analyzer.FeedResult`."""
+        self.changepoints += result.changepoints
+        for inc in result.incidents:
+            self.incidents[inc.id] = inc
+        self.iterations += len(result.iterations)
+
+    def write(self, store: Store, l2: tuple[pd.DataFrame, pd.DataFrame], health: dict) -> None:
+        """``l1_changepoint``, the ``l2_group`` / ``l2_rank`` frames, the ``job_health`` row,
+        ``incident`` and ``incident_host``."""
+        if self.changepoints:
+            store.write_measurement(schema.L1_CHANGEPOINT, pd.DataFrame([c.to_row() for c in self.changepoints]))
+        for name, frame in zip((schema.L2_GROUP, schema.L2_RANK), l2, strict=True):
+            if len(frame):
+                store.write_measurement(name, frame)
+        store.write_measurement(schema.JOB_HEALTH, pd.DataFrame([health]))
+        if self.incidents:
+            incidents = list(self.incidents.values())
+            store.write_measurement(schema.INCIDENT, incidents_frame(incidents))
+            store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(incidents))
