@@ -12,6 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from collector import nccl_import as ni
+from collector.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
+from collector.clear_errors import clear_errors
+from collector.folder_files import files_in
 from rankscope import schema
 from rankscope.topology import Topology, TopologyError
 
@@ -40,7 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Iterations: the anchor communicator (--anchor, default the one with the most members) "
             "runs --per-iteration collectives per iteration; its last one ends the iteration, and "
             "every other collective of a rank belongs to the iteration of the next anchor collective "
-            "of that rank. Point times are the ranks' own clocks."))
+            "of that rank. Point times are the ranks' own clocks.\n\n"
+            "Files are data: a pickled dump is read as plain data (any code it names is refused by "
+            "name), every file within --max-file-mb, every value checked (a bad record refuses the "
+            "import, naming the file, the record and the field, and counting the others: a record "
+            "left out would move collectives into another iteration). A symlink in a given directory "
+            "that points outside it is refused by name."))
     add_store_options(p)
     p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="Inspector logs / Flight Recorder dumps, or directories of them")
     p.add_argument("--job", required=True, help="job name the points are tagged with")
@@ -60,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "finished it, until Ctrl-C (or --max-seconds)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads with --follow (default 1)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop following after this long")
+    add_limit_option(p)
     p.set_defaults(func=run)
 
 
@@ -90,12 +99,13 @@ def _summary(imp: ni.NcclImport, frame: pd.DataFrame, what: str) -> str:
     return text
 
 
+@clear_errors(ni.NcclError, "paths")
 def run(args: argparse.Namespace) -> int:
     from rankscope.store import open_store
 
     if args.follow:
         return follow(args)
-    records = ni.load(args.paths, args.format)
+    records = ni.load(args.paths, args.format, FileLimit.mb(args.max_file_mb))
     imp = ni.stage_frame(records, args.job, topology(args, records), args.per_iteration, args.anchor,
                          iteration_offset=args.iteration_offset)
     with open_store(args.store, args.bucket) as store:
@@ -107,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
 class Follower:
     """Tails Inspector logs: new complete lines of known files, new files in given directories."""
 
-    def __init__(self, paths: list[str]):
+    def __init__(self, paths: list[str], limit: FileLimit = DEFAULT_LIMIT):
         self.paths = [Path(p) for p in paths]
+        self.limit = limit
         self.pos: dict[Path, tuple[int, int]] = {}   # file -> (next line, byte offset)
         self.raw: list[dict] = []
 
@@ -116,7 +127,7 @@ class Follower:
         out = []
         for p in self.paths:
             if p.is_dir():
-                out += sorted(f for f in p.glob("*.log") if f.is_file())
+                out += files_in(p, lambda f: f.suffix == ".log", recursive=False, error=ni.NcclError)
             elif p.exists():
                 out.append(p)
         return out
@@ -127,7 +138,7 @@ class Follower:
             if ni.FR_PREFIX in f.name:
                 raise ni.NcclError(f"{f}: --follow tails Inspector logs; a Flight Recorder dump is rewritten whole")
             line, off = self.pos.get(f, (1, 0))
-            new, line, off = ni.read_inspector(f, line, off)
+            new, line, off = ni.read_inspector(f, line, off, self.limit)
             self.pos[f] = (line, off)
             self.raw += new
             n += len(new)
@@ -191,7 +202,7 @@ def follow(args: argparse.Namespace) -> int:
     for p in map(Path, args.paths):
         if not p.exists():
             raise ni.NcclError(f"{p}: no such file or directory")
-    tail = Follower(args.paths)
+    tail = Follower(args.paths, FileLimit.mb(args.max_file_mb))
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     with open_store(args.store, args.bucket) as store:
         writes = _Writes(args, tail, store)

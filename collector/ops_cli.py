@@ -8,11 +8,25 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from collector.ops_import import OPTYPE_STAGES, REQUIRED_COLUMNS, OpsError, read_ops, stage_frame
+from collector.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
+from collector.clear_errors import clear_errors
+from collector.ops_import import (
+    OPTYPE_STAGES,
+    REQUIRED_COLUMNS,
+    OpsError,
+    check_times,
+    read_ops,
+    stage_frame,
+)
+from collector.ops_values import INTEGER_COLUMNS, SECOND_COLUMNS, Refusals, checked_rows
 
 _MAPPING = "; ".join(f"{op} -> {stage or '(none)'}" for op, stage in OPTYPE_STAGES.items())
+_RULES = (", ".join(f"{c} an integer in 0..{most}" for c, most in INTEGER_COLUMNS.items()) + ", "
+          + ", ".join(f"{c} finite seconds in 0..{most:g}" for c, most in SECOND_COLUMNS.items())
+          + ", optype text")
 
 
 def _wrap(text: str) -> str:
@@ -36,7 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "--gpus-per-node / R workers.\n\n"
                     "Times start at 0 in every step of such a trace: a point's time is its rank's "
                     "own end of the step, step s starting at --start + (s - first step) x the "
-                    "longest step (whole seconds).\n\nStages of the optypes: " + _MAPPING))
+                    "longest step (whole seconds).\n\n"
+                    "Files are data: each is read within --max-file-mb, and every value is checked "
+                    "(" + _RULES + "). A row that fails is refused, the others imported; the refused "
+                    "rows are counted on stderr with the first named by file, row (from 1, a CSV "
+                    "header not counted), column and value. The exit status is 0 when points were "
+                    "written (some rows may have been refused), 1 when no row was usable or the "
+                    "import failed.\n\nStages of the optypes: " + _MAPPING))
     add_store_options(p)
     p.add_argument("files", nargs="+", metavar="FILE", help="per-operation trace files of one job")
     p.add_argument("--job", required=True, help="job name the points are tagged with")
@@ -55,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--start", default=None, metavar="TIME",
                    help="time of the first step: RFC 3339 (UTC without a zone), epoch ms, or "
                         "'6h' (that long ago); default: the import ends now")
+    add_limit_option(p)
     p.set_defaults(func=run)
 
 
@@ -76,17 +97,30 @@ def read_meta(path: Path) -> dict[str, int]:
     return out
 
 
-def load(files: list[str | Path]) -> pd.DataFrame:
-    frames = [read_ops(f) for f in files]
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+def load(files: list[str | Path], limit: FileLimit = DEFAULT_LIMIT) -> tuple[pd.DataFrame, list[Refusals]]:
+    """The rows of every file whose values pass their checks, and each file's refusals; an
+    error when no row of any file is usable."""
+    frames, refusals = [], []
+    for f in files:
+        good, refused = checked_rows(read_ops(f, limit), str(f))
+        frames.append(good)
+        refusals.append(refused)
+    ops = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    if not len(ops):
+        shown = "; ".join(str(r) if r.refused else f"{r.source}: no row" for r in refusals)
+        raise OpsError(f"no usable row to import: {shown}")
+    return ops, [r for r in refusals if r.refused]
 
 
+@clear_errors(OpsError, "files")
 def run(args: argparse.Namespace) -> int:
     from rankscope.store import open_store
     from rankscope.times import parse_time
 
     tp, dsp = args.tp, args.dsp
-    ops = load(args.files)
+    ops, refusals = load(args.files, FileLimit.mb(args.max_file_mb))
+    for refused in refusals:
+        print(f"rankscope import-ops: warning: {refused}; importing the rest", file=sys.stderr, flush=True)
     if args.meta is not None:
         meta = read_meta(args.meta)
         tp, dsp = meta["tp_size"], meta["dsp_size"]
@@ -102,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
                              host_pattern=args.host_pattern)
     if args.start is None:   # the last point is now
         frame["time"] += now_ms - int(frame["time"].max())
+        check_times(frame["time"].to_numpy(np.float64), frame["iteration"].to_numpy())
     with open_store(args.store, args.bucket) as store:
         store.write_stage_latency(frame)
     stages = [c for c in frame.columns if c in set(OPTYPE_STAGES.values())]

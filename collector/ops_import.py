@@ -61,7 +61,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from collector.bounded_read import DEFAULT_LIMIT, MB, FileLimit, open_bounded
 from rankscope.stage_rows import stage_rows
+from rankscope.times import MAX_EPOCH_MS
 from rankscope.topology import Topology, TopologyError
 
 #: The columns a per-operation trace must have.
@@ -170,6 +172,7 @@ def stage_frame(ops: pd.DataFrame, job: str, start_ms: int, ranks_per_worker: in
     ranks = span.index.get_level_values("rank").to_numpy(np.int64)
     period_ms = max(1000.0, float(np.ceil(span["last"].max())) * 1000.0)
     time = start_ms + ((steps - int(steps.min())) * period_ms + span["last"].to_numpy() * 1000.0).round()
+    check_times(time, steps, period_ms)
     # the worker's first GPU: its local index among the workers of its node, in GPUs
     gpu = topo.local_index[ranks] * ranks_per_worker if topo.hosts is not None else None
     out = stage_rows(job, ranks, steps, time.astype(np.int64),
@@ -199,6 +202,16 @@ def _checked_ops(ops: pd.DataFrame, mapping: Mapping[str, str | None]
     return optype, start, dur
 
 
+def check_times(time_ms: np.ndarray, steps: np.ndarray, period_ms: float | None = None) -> None:
+    """Refuse points whose times a store cannot hold (before 1970 or after 2262)."""
+    ok = np.isfinite(time_ms) & (time_ms >= 0) & (time_ms <= MAX_EPOCH_MS)
+    if not ok.all():
+        every = f", one every {period_ms / 1000:g} s," if period_ms else ""
+        raise OpsError(f"steps {int(steps.min())}-{int(steps.max())}{every} would place points outside the "
+                       f"times a store holds (1970 to 2262): check the step column and --start, or import "
+                       f"the steps in parts")
+
+
 def _placed_layout(ops: pd.DataFrame, ranks_per_worker: int, gpus_per_node: int,
                    host_pattern: str | None) -> OpsLayout:
     """The trace's layout, its nodes named by ``host_pattern`` when given."""
@@ -213,8 +226,10 @@ def _placed_layout(ops: pd.DataFrame, ranks_per_worker: int, gpus_per_node: int,
     return OpsLayout(topo, lay.ranks_per_worker, lay.trace_rank)
 
 
-def read_ops(path) -> pd.DataFrame:
-    """A per-operation trace file (Parquet, or CSV by its suffix)."""
+def read_ops(path, limit: FileLimit = DEFAULT_LIMIT) -> pd.DataFrame:
+    """The :data:`REQUIRED_COLUMNS` of a per-operation trace file (Parquet, or CSV by its
+    suffix), read within ``limit`` (a CSV as a bounded stream; a Parquet file refused from its
+    footer when its columns would take more)."""
     from pathlib import Path
 
     p = Path(path)
@@ -223,18 +238,43 @@ def read_ops(path) -> pd.DataFrame:
     if p.is_dir():
         raise OpsError(f"{p} is a directory, not a trace file")
     if p.suffix.lower() == ".csv":
-        try:
-            ops = pd.read_csv(p)
-        except (OSError, ValueError, pd.errors.ParserError) as exc:
-            raise OpsError(f"{p}: not a readable CSV file: {exc}") from None
+        ops = _read_csv(p, limit)
     else:
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise OpsError("reading Parquet traces needs pyarrow: pip install 'rankscope[traces]'") from None
-        try:
-            ops = pq.read_table(p).to_pandas()
-        except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError for a non-Parquet file
-            raise OpsError(f"{p}: not a Parquet file ({type(exc).__name__}: {exc})") from None
+        ops = _read_parquet(p, limit)
     check_columns(ops, str(p))
     return ops
+
+
+def _read_csv(p, limit: FileLimit) -> pd.DataFrame:
+    try:
+        with open_bounded(p, limit, OpsError, gunzip=True) as fh:
+            head = pd.read_csv(fh, nrows=0)
+        check_columns(head, str(p))
+        with open_bounded(p, limit, OpsError, gunzip=True) as fh:
+            return pd.read_csv(fh, usecols=list(REQUIRED_COLUMNS), low_memory=False)
+    except (ValueError, pd.errors.ParserError) as exc:
+        if isinstance(exc, OpsError):
+            raise
+        raise OpsError(f"{p}: not a readable CSV file: {exc}") from None
+
+
+def _read_parquet(p, limit: FileLimit) -> pd.DataFrame:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise OpsError("reading Parquet traces needs pyarrow: pip install 'rankscope[traces]'") from None
+    try:
+        pf = pq.ParquetFile(p)
+        check_columns(pd.DataFrame(columns=pf.schema_arrow.names), str(p))
+        meta = pf.metadata
+        wanted = [i for i in range(meta.num_columns) if meta.schema.column(i).path in REQUIRED_COLUMNS]
+        stored = sum(meta.row_group(g).column(i).total_uncompressed_size
+                     for g in range(meta.num_row_groups) for i in wanted)
+        if max(stored, meta.num_rows * len(REQUIRED_COLUMNS) * 8) > limit.max_bytes:
+            raise OpsError(limit.refusal(p) + f" ({meta.num_rows} rows, about "
+                           f"{max(stored, meta.num_rows * len(REQUIRED_COLUMNS) * 8) / MB:.0f} MB unpacked)")
+        return pf.read(columns=list(REQUIRED_COLUMNS)).to_pandas()
+    except OpsError:
+        raise
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError for a non-Parquet file
+        raise OpsError(f"{p}: not a Parquet file ({type(exc).__name__}: {str(exc)[:200]})") from None

@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from collector.bounded_read import FileLimit, add_limit_option
+from collector.clear_errors import clear_errors
 from collector.kineto import (
     DEFAULT_PATTERNS,
     StagePatterns,
@@ -37,7 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "The rank comes from the trace's distributedInfo, else 'rankN' in the file name, "
                     "else --rank; the host from --host-map, else the trace's host_name, else a "
                     "tensorboard_trace_handler file name (host_pid.time.pt.trace.json); the GPU from "
-                    "the kernels' device.\n\nDefault patterns (regular expressions): " + defaults)
+                    "the kernels' device.\n\nFiles are data: each is read (and gunzipped) as a "
+                    "stream of at most --max-file-mb, and every event's fields are checked (types, "
+                    "finite, in range); an event that fails is refused and counted (the first named "
+                    "by file, event and field), the others imported. The exit status is 0 when "
+                    "points were written, 1 when nothing could be imported.\n\n"
+                    "Default patterns (regular expressions): " + defaults)
     add_store_options(p)
     p.add_argument("files", nargs="+", metavar="FILE", help="trace files, one per rank")
     p.add_argument("--job", required=True, help="job name the points are tagged with")
@@ -58,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument(f"--{dim}", type=int, default=None,
                        help=f"{dim.upper()} size of the job (default: pure DP over the traces' world)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
+    add_limit_option(p)
     p.set_defaults(func=run)
 
 
@@ -96,18 +104,22 @@ def _topology(args: argparse.Namespace) -> Topology | None:
     return Topology(**dims, gpus_per_node=args.gpus_per_node)
 
 
+@clear_errors(TraceError, "files")
 def run(args: argparse.Namespace) -> int:
     from rankscope.store import open_store
 
+    limit = FileLimit.mb(args.max_file_mb)
     patterns = _patterns(args)
     topology = _topology(args)
     hosts = read_host_map(args.host_map) if args.host_map is not None else None
     with open_store(args.store, args.bucket) as store:
         report = import_traces(args.files, store, args.job, topology, patterns,
                                iteration_offset=args.iteration_offset, rank=args.rank,
-                               progress=lambda msg: print(msg, file=sys.stderr, flush=True), hosts=hosts)
+                               progress=lambda msg: print(msg, file=sys.stderr, flush=True), hosts=hosts,
+                               limit=limit)
     shown = ", ".join(report.hosts[:4]) + (f" (+{len(report.hosts) - 4})" if len(report.hosts) > 4 else "")
     print(f"imported {report.points} point(s): {report.files} trace(s), ranks "
           f"{','.join(map(str, report.ranks))}, {report.iterations} iteration(s), "
-          f"stages {', '.join(report.stages)}; hosts {shown or 'unknown'}")
+          f"stages {', '.join(report.stages)}; hosts {shown or 'unknown'}"
+          + (f"; refused {report.refused} event(s) with bad values" if report.refused else ""))
     return 0

@@ -11,9 +11,10 @@ import sys
 import threading
 import time
 
+from events.auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, Credentials, check_exposure
 from events.payloads import DEFAULT_HOST_LABELS, from_rankscope
-from events.receiver import TOKEN_ENV, EventReceiver, ReceiverConfig
-from events.rows import DEFAULT_SEVERITY, DEFAULT_SOURCE, FIRING, RESOLVED, events_frame
+from events.receiver import EventReceiver, ReceiverConfig
+from events.rows import DEFAULT_SEVERITY, FIRING, RESOLVED, events_frame, sourced
 from rankscope import schema
 from rankscope.cli import add_store_options
 from rankscope.hostnames import matching_hosts
@@ -23,7 +24,6 @@ from rankscope.times import format_time, parse_time
 log = logging.getLogger("events")
 
 DEFAULT_LISTEN = "127.0.0.1:9095"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -47,12 +47,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve", help="the HTTP receiver: POST /alertmanager, /grafana, /events; GET /healthz",
         description=f"Receive Alertmanager webhooks (POST /alertmanager), Grafana alerting webhook "
                     f"contact points (POST /grafana) and rankscope's own JSON list (POST /events); "
-                    f"each usable alert becomes one event point. When {TOKEN_ENV} is set, every "
-                    f"POST must carry 'Authorization: Bearer <token>'.")
+                    f"each usable alert becomes one event point. When {TOKEN_ENV} is set, a POST "
+                    f"may carry 'Authorization: Bearer <token>'; when {USER_ENV} and {PASSWORD_ENV} "
+                    f"are, HTTP basic auth with them; with either set, nothing else gets in. "
+                    f"Without credentials only a loopback --listen is allowed (or --insecure).")
     add_store_options(serve)
     serve.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
                        metavar="HOST:PORT", help=f"address to listen on (default {DEFAULT_LISTEN}, "
                                                  f"loopback only)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="accept posts from anyone on a non-loopback --listen without "
+                            "credentials (refused otherwise)")
     serve.add_argument("--host-label", action="append", dest="host_labels", metavar="LABEL",
                        help=f"label naming the machine, in order of preference "
                             f"(repeatable; default {', '.join(DEFAULT_HOST_LABELS)}); "
@@ -80,8 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "it resolves)")
     add.add_argument("--severity", default=DEFAULT_SEVERITY, help=f"default {DEFAULT_SEVERITY}")
     add.add_argument("--text", default="", help="free text (default: the name)")
-    add.add_argument("--source", default=DEFAULT_SOURCE,
-                     help=f"who reports it (default {DEFAULT_SOURCE})")
+    add.add_argument("--source", help="who reports it, stored as cli/SOURCE (default: cli)")
     add.add_argument("--job", help="the job it concerns (default: none, a cluster event matched "
                                    "by host)")
     add.add_argument("--resolved", action="store_true",
@@ -91,22 +95,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    token = os.environ.get(TOKEN_ENV) or None
+    creds = Credentials.from_env(os.environ)
+    check_exposure(args.listen[0], creds, args.insecure)   # before the store is opened
     config = ReceiverConfig(host_labels=tuple(args.host_labels or DEFAULT_HOST_LABELS),
-                            job=args.job, token=token, max_body_bytes=args.max_body)
+                            job=args.job, token=creds.token, user=creds.user,
+                            password=creds.password, insecure=args.insecure,
+                            max_body_bytes=args.max_body)
     store = open_store(args.store, args.bucket)
     receiver = EventReceiver(store, args.listen, config)
     if log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)  # one line per payload is the receiver's output
-    if not token and args.listen[0] not in LOOPBACK:
-        log.warning("listening on %s without a bearer token: anyone who reaches it can write "
-                    "events (set %s)", args.listen[0], TOKEN_ENV)
+    if not creds.required and args.insecure:
+        log.warning("listening on %s without credentials (--insecure): anyone who reaches it can "
+                    "write events", args.listen[0])
     if hasattr(signal, "SIGTERM") and threading.current_thread() is threading.main_thread():
         # stop like Ctrl-C (docker stop); shutdown() waits for serve_forever, so not in the handler
         signal.signal(signal.SIGTERM,
                       lambda *_: threading.Thread(target=receiver.server.shutdown).start())
     print(f"receiving events on {receiver.url} (POST {', '.join(receiver.paths)}) into {store!r}; "
-          f"bearer token {'required' if token else 'not required'}; "
+          f"senders present: {creds.describe()}; "
           f"{'job ' + args.job if args.job else 'cluster events'} (Ctrl-C to stop)",
           file=sys.stderr)
     try:
@@ -118,8 +125,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_add(args: argparse.Namespace) -> int:
     now_ms = int(time.time() * 1000)
-    item = {"name": args.name, "host": args.host, "severity": args.severity, "source": args.source,
-            "text": args.text}
+    item = {"name": args.name, "host": args.host, "severity": args.severity,
+            "source": sourced("cli", args.source), "text": args.text}
     if args.time is not None:   # a person's command: "30m" and a zoneless time (UTC) are fine
         item["time"] = parse_time(args.time, "--time", now_ms=now_ms, assume_utc=True)
     if args.resolved:
@@ -128,7 +135,7 @@ def run_add(args: argparse.Namespace) -> int:
     with open_store(args.store, args.bucket, create=False) as store:
         if args.resolved and args.time is None:
             item["time"] = _firing_start(store, item, args.job)
-        tr = from_rankscope([item], now_ms)
+        tr = from_rankscope([item], now_ms, origin=None)   # the source is cli/... already
         if not tr.ok:
             raise ValueError(tr.refused[0].reason)
         row = tr.rows[0]

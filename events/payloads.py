@@ -13,7 +13,8 @@ For an alert: the name is the ``alertname`` label (or ``name``); the host the fi
 non-empty label of ``host_labels`` (a ``:port`` suffix, as in ``instance``, is stripped);
 the text the annotations ``summary``, ``description``, ``message``; the severity the
 ``severity`` label (default ``warning``); the source ``alertmanager/<receiver>`` or
-``grafana/<receiver>``; the time ``startsAt``; ``status`` and ``endsAt`` say whether and
+``grafana/<receiver>`` (``events/<source>`` for rankscope's own JSON: see
+:func:`events.rows.sourced`); the time ``startsAt``; ``status`` and ``endsAt`` say whether and
 when it was resolved. The alert's ``job`` label (Prometheus' scrape job) is not the
 training job: the receiver's ``--job`` is.
 """
@@ -35,6 +36,7 @@ from events.rows import (
     EventError,
     EventRow,
     parse_end,
+    sourced,
 )
 from rankscope.times import TimeError, parse_time
 
@@ -116,15 +118,17 @@ def from_grafana(payload: object, host_labels: Sequence[str] = DEFAULT_HOST_LABE
     return _alert_group(payload, "grafana", GRAFANA_VERSION, host_labels)
 
 
-def from_rankscope(payload: object, now_ms: int) -> Translation:
+def from_rankscope(payload: object, now_ms: int, origin: str | None = "events") -> Translation:
     """Rows of rankscope's own JSON: a list of ``{"name", "host", "time", "severity", "source",
     "text"}`` (``time`` RFC 3339 or epoch ms, default ``now_ms``; optional ``status``
-    firing|resolved and ``ends``, default ``now_ms`` when resolved)."""
+    firing|resolved and ``ends``, default ``now_ms`` when resolved). The stored source is
+    ``<origin>/<source>`` (``events/noc``; just ``origin`` without a ``source``); with
+    ``origin`` None, ``source`` as given (default ``rankscope``)."""
     if not isinstance(payload, list):
         return Translation.unusable(f"expected a JSON list of events, got {_kind(payload)}")
     out = Translation(received=len(payload))
     for i, item in enumerate(payload):
-        _collect(out, i, lambda item=item: _own_row(item, now_ms))
+        _collect(out, i, lambda item=item: _own_row(item, now_ms, origin))
     return out
 
 
@@ -141,8 +145,7 @@ def _alert_group(payload: object, kind: str, version: str,
     alerts = payload.get("alerts")
     if not isinstance(alerts, list):
         return Translation.unusable(f"'alerts' must be a list, got {_kind(alerts)}")
-    receiver = payload.get("receiver")
-    source = f"{kind}/{receiver}" if isinstance(receiver, str) and receiver.strip() else kind
+    source = sourced(kind, payload.get("receiver"))
     group_status = payload.get("status")
     truncated = payload.get("truncatedAlerts")
     out = Translation(received=len(alerts),
@@ -177,7 +180,7 @@ def _alert_row(alert: object, source: str, group_status: object,
                     text=_text(annotations), status=status, ends_ms=ends)
 
 
-def _own_row(item: object, now_ms: int) -> EventRow:
+def _own_row(item: object, now_ms: int, origin: str | None) -> EventRow:
     if not isinstance(item, dict):
         raise EventError(f"an event must be an object, got {_kind(item)}")
     unknown = sorted(set(item) - OWN_KEYS)
@@ -202,7 +205,9 @@ def _own_row(item: object, now_ms: int) -> EventRow:
         raise EventError("ends is only for a resolved event")
     return EventRow(time_ms=when, name=item["name"].strip(), host=item["host"].strip(),
                     severity=item.get("severity") or DEFAULT_SEVERITY,
-                    source=item.get("source") or DEFAULT_SOURCE, text=item.get("text", ""),
+                    source=(sourced(origin, item.get("source")) if origin is not None
+                            else item.get("source") or DEFAULT_SOURCE),
+                    text=item.get("text", ""),
                     status=status, ends_ms=ends)
 
 

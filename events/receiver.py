@@ -1,8 +1,8 @@
 """The HTTP receiver: Alertmanager, Grafana and rankscope's own events into the store.
 
-Endpoints: ``POST /alertmanager``, ``POST /grafana``, ``POST /events`` and ``GET /healthz``.
-Standard library ``http.server`` (one thread per connection): webhooks arrive a few per
-minute, so a framework would add a dependency and nothing measurable.
+Endpoints: ``POST /alertmanager``, ``POST /grafana``, ``POST /events`` and ``GET /healthz``,
+served by :mod:`events.http_handler` (standard library, a thread per connection, a deep listen
+backlog); the rows of concurrent posts are written together (:mod:`events.write_batcher`).
 
 Answers (JSON bodies):
 
@@ -11,25 +11,27 @@ Answers (JSON bodies):
   same payload ARE written; ``refused`` names each other one by index and reason and
   ``written`` counts the rest. Alertmanager does not retry a 4xx, so a bad alert is not
   re-sent forever (and a re-sent good one rewrites the same point);
-- 401 without the bearer token (when one is configured), 404, 405, 411 (no
-  Content-Length), 413 (body over the limit);
-- 503 when the store refused the write: nothing of the payload was written, and
-  Alertmanager retries a 5xx (writes are idempotent: same time and tags, same point).
+- 401 without the credentials (when some are configured: :mod:`events.auth`), 404, 405,
+  411 (no Content-Length), 413 (body over the limit), 415 (not ``application/json``);
+- 503 when the store refused the write or too much is waiting to be written: nothing of the
+  payload was written, and Alertmanager retries a 5xx (writes are idempotent: same time and
+  tags, same point).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from events.auth import ANONYMOUS, Credentials, check_exposure
+from events.http_handler import Reply, make_server, not_found
 from events.payloads import (
     DEFAULT_HOST_LABELS,
     Translation,
@@ -37,29 +39,34 @@ from events.payloads import (
     from_grafana,
     from_rankscope,
 )
-from events.rows import events_frame
+from events.rows import EventRow, events_frame
+from events.write_batcher import Busy, WriteBatcher
 from rankscope import schema
 from rankscope.lineprotocol import LineProtocolError, check_key
 from rankscope.store import Store
 
 log = logging.getLogger(__name__)
 
-#: Environment variable holding the bearer token senders must present (none: no token asked).
-TOKEN_ENV = "RANKSCOPE_EVENTS_TOKEN"
 DEFAULT_MAX_BODY = 1 << 20
 #: Refusals shown in one log line (the HTTP answer lists them all).
 LOGGED_REFUSALS = 5
+#: Most seconds a post waits for the store to take its rows before it is answered 503.
+WRITE_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
 class ReceiverConfig:
     """How the receiver reads payloads: the host labels, the job it tags events with (None:
-    cluster events, matched to jobs by host), the bearer token (kept out of ``repr``) and
-    the largest body it reads."""
+    cluster events, matched to jobs by host), who may post (a bearer ``token``, a basic-auth
+    ``user`` and ``password``: kept out of ``repr``), whether a non-loopback address may go
+    without them (``insecure``) and the largest body it reads."""
 
     host_labels: tuple[str, ...] = DEFAULT_HOST_LABELS
     job: str | None = None
     token: str | None = field(default=None, repr=False)
+    user: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+    insecure: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY
 
     def __post_init__(self) -> None:
@@ -74,41 +81,39 @@ class ReceiverConfig:
                 raise ValueError(str(exc)) from None
         if self.max_body_bytes < 1:
             raise ValueError("the body limit must be positive")
+        self.credentials   # noqa: B018 - refuses a user without a password now, not per request
 
-
-@dataclass(frozen=True)
-class Reply:
-    """An HTTP answer: status and JSON body."""
-
-    status: int
-    body: dict[str, Any]
-    headers: tuple[tuple[str, str], ...] = ()
+    @property
+    def credentials(self) -> Credentials:
+        return Credentials(token=self.token, user=self.user, password=self.password)
 
 
 class EventReceiver:
     """Translates posted payloads into ``event`` points and writes them through ``store``.
 
     ``handle`` is the whole behaviour (path + body -> :class:`Reply`); :meth:`serve_forever`
-    or :meth:`start` put it behind an HTTP server bound to ``address``.
+    or :meth:`start` put it behind an HTTP server bound to ``address``, which must be a loopback
+    one unless credentials are configured or ``config.insecure`` says otherwise.
     """
 
     def __init__(self, store: Store, address: tuple[str, int] = ("127.0.0.1", 9095),
                  config: ReceiverConfig | None = None):
         self.store = store
         self.config = config or ReceiverConfig()
-        self._write_lock = threading.Lock()
+        self.credentials = self.config.credentials
+        check_exposure(address[0], self.credentials, self.config.insecure)
         self._thread: threading.Thread | None = None
         self._routes: dict[str, Callable[[object], Translation]] = {
             "/alertmanager": lambda p: from_alertmanager(p, self.config.host_labels),
             "/grafana": lambda p: from_grafana(p, self.config.host_labels),
             "/events": lambda p: from_rankscope(p, int(time.time() * 1000)),
         }
-        self.server = ThreadingHTTPServer(address, _handler_for(self))
-        self.server.daemon_threads = True
+        self.batcher = WriteBatcher(self._write)
+        self.server = make_server(address, self)
 
     def __repr__(self) -> str:
-        return (f"EventReceiver({self.url}, job={self.config.job!r}, "
-                f"token={'required' if self.config.token else 'none'}, store={self.store!r})")
+        return (f"EventReceiver({self.url}, job={self.config.job!r}, {self.credentials!r}, "
+                f"store={self.store!r})")
 
     @property
     def address(self) -> tuple[str, int]:
@@ -124,6 +129,10 @@ class EventReceiver:
     def paths(self) -> Sequence[str]:
         return tuple(self._routes)
 
+    @property
+    def max_body_bytes(self) -> int:
+        return self.config.max_body_bytes
+
     # ------------------------------------------------------------- serving
     def serve_forever(self) -> None:
         """Serve until :meth:`shutdown` (from another thread) or an interrupt."""
@@ -131,6 +140,7 @@ class EventReceiver:
             self.server.serve_forever(poll_interval=0.5)
         finally:
             self.server.server_close()
+            self.batcher.close()
 
     def start(self) -> EventReceiver:
         """Serve in a background thread (tests, embedding); returns self."""
@@ -140,30 +150,26 @@ class EventReceiver:
         return self
 
     def shutdown(self) -> None:
-        """Stop serving and release the port."""
+        """Stop serving, write what is waiting and release the port."""
         self.server.shutdown()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         self.server.server_close()
+        self.batcher.close()
 
     # ------------------------------------------------------------ handling
-    def authorized(self, header: str | None) -> bool:
-        """Whether an ``Authorization`` header carries the configured bearer token (always,
-        when none is configured). Compared in constant time."""
-        if not self.config.token:
-            return True
-        scheme, _, credentials = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            credentials.strip().encode(), self.config.token.encode())
+    def _write(self, rows: Sequence[EventRow]) -> None:
+        """The batcher's write: one frame of every waiting post's rows."""
+        self.store.write_measurement(schema.EVENT, events_frame(rows, self.config.job))
 
-    def handle(self, path: str, body: bytes, peer: str = "-") -> Reply:
-        """Translate and write one posted payload; log one line about it."""
+    def handle(self, path: str, body: bytes, peer: str = "-", principal: str = ANONYMOUS) -> Reply:
+        """Translate and write one posted payload (from ``peer``, who proved to be
+        ``principal``); log one line about it."""
         endpoint = path.lstrip("/")
         translate = self._routes.get(path)
         if translate is None:
-            return Reply(HTTPStatus.NOT_FOUND,
-                         {"error": f"no endpoint {path}; POST to {', '.join(self.paths)}"})
+            return not_found(path, self.paths)
         try:
             payload = json.loads(body)
         except ValueError as exc:  # not JSON, or not UTF-8
@@ -172,20 +178,14 @@ class EventReceiver:
             tr = Translation.unusable("body is nested too deeply to be an alert payload")
         else:
             tr = translate(payload)
+        who = f"{endpoint} from {peer} ({principal})"
         written = 0
         if tr.rows:
-            frame = events_frame(tr.rows, self.config.job)
             try:
-                with self._write_lock:
-                    written = self.store.write_measurement(schema.EVENT, frame).written
-            except Exception as exc:  # the store's own errors name no secret
-                log.error("%s from %s: %d event(s) NOT written, the store failed: %s",
-                          endpoint, peer, len(tr.rows), exc)
-                return Reply(HTTPStatus.SERVICE_UNAVAILABLE,
-                             {"error": f"the store refused the write: {exc}",
-                              "received": tr.received, "written": 0,
-                              "refused": [r.to_json() for r in tr.refused]})
-        self._log(endpoint, peer, tr, written)
+                written = self.batcher.submit(tr.rows).result(WRITE_WAIT_S)
+            except Exception as exc:  # noqa: BLE001 - the store's own errors name no secret
+                return self._unavailable(who, tr, exc)
+        self._log(who, endpoint, tr, written)
         body_out: dict[str, Any] = {"received": tr.received, "written": written,
                                     "refused": [r.to_json() for r in tr.refused]}
         if tr.truncated:
@@ -198,9 +198,23 @@ class EventReceiver:
                              f"the other {written} written")
         return Reply(HTTPStatus.BAD_REQUEST, body_out)
 
-    def _log(self, endpoint: str, peer: str, tr: Translation, written: int) -> None:
+    def _unavailable(self, who: str, tr: Translation, exc: Exception) -> Reply:
+        """503: the store refused the rows, did not answer in time, or too many wait."""
+        if isinstance(exc, Busy):
+            why = f"the receiver is busy: {exc}"
+        elif isinstance(exc, FutureTimeout):
+            why = f"the store did not take the write within {WRITE_WAIT_S:g} s"
+        else:
+            why = f"the store refused the write: {exc}"
+        log.error("%s: %d event(s) NOT written, %s", who, len(tr.rows), why)
+        return Reply(HTTPStatus.SERVICE_UNAVAILABLE,
+                     {"error": why, "received": tr.received, "written": 0,
+                      "refused": [r.to_json() for r in tr.refused]},
+                     (("Retry-After", "5"),))
+
+    def _log(self, who: str, endpoint: str, tr: Translation, written: int) -> None:
         job = f"job {self.config.job}" if self.config.job else "cluster events"
-        line = f"{endpoint} from {peer}: {tr.received} {_noun(endpoint)}, {written} written ({job})"
+        line = f"{who}: {tr.received} {_noun(endpoint)}, {written} written ({job})"
         if tr.truncated:
             line += f", {tr.truncated} truncated by the sender"
         if tr.refused:
@@ -214,87 +228,3 @@ class EventReceiver:
 
 def _noun(endpoint: str) -> str:
     return "event(s)" if endpoint == "events" else "alert(s)"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """The HTTP side of an :class:`EventReceiver`: checks a request's method, path, token and
-    length, then hands the body to ``receiver.handle``. :func:`_handler_for` binds a receiver."""
-
-    receiver: EventReceiver
-    server_version = "rankscope-events"
-    sys_version = ""
-    protocol_version = "HTTP/1.1"
-    timeout = 30  # seconds a silent connection may hold a thread
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            self._send(Reply(HTTPStatus.OK, {"status": "ok"}))
-        elif path in self.receiver.paths:
-            self._send(Reply(HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"{path} takes POST"},
-                             (("Allow", "POST"),)))
-        else:
-            self._send(Reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {path}"}))
-
-    def do_POST(self) -> None:  # noqa: N802
-        path = self.path.split("?", 1)[0]
-        refusal = self._refusal(path)
-        if refusal is not None:
-            self._refuse(refusal)
-            return
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self._send(self.receiver.handle(path, body, self.client_address[0]))
-
-    def _refusal(self, path: str) -> Reply | None:
-        """Why a POST to ``path`` is answered without reading its body (None: it is read):
-        no such endpoint, no token, no or a bad Content-Length, a body over the limit."""
-        if path not in self.receiver.paths:
-            return Reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {path}; POST to "
-                                                         f"{', '.join(self.receiver.paths)}"})
-        if not self.receiver.authorized(self.headers.get("Authorization")):
-            log.warning("%s from %s: refused, missing or wrong bearer token", path.lstrip("/"),
-                        self.client_address[0])
-            return Reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"},
-                         (("WWW-Authenticate", 'Bearer realm="rankscope-events"'),))
-        length = self.headers.get("Content-Length")
-        if length is None or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            return Reply(HTTPStatus.LENGTH_REQUIRED, {"error": "a Content-Length is required"})
-        try:
-            size = int(length)
-            if size < 0:
-                raise ValueError
-        except ValueError:
-            return Reply(HTTPStatus.BAD_REQUEST, {"error": f"bad Content-Length {length!r}"})
-        limit = self.receiver.config.max_body_bytes
-        if size > limit:
-            log.warning("%s from %s: refused, body of %d bytes is over the limit of %d",
-                        path.lstrip("/"), self.client_address[0], size, limit)
-            return Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                         {"error": f"body of {size} bytes is over the limit of {limit} bytes"})
-        return None
-
-    def _refuse(self, reply: Reply) -> None:
-        """Answer without reading the body, then close (the unread body cannot be skipped)."""
-        self.close_connection = True
-        self._send(reply, close=True)
-
-    def _send(self, reply: Reply, close: bool = False) -> None:
-        data = json.dumps(reply.body).encode()
-        self.send_response(reply.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in reply.headers:
-            self.send_header(key, value)
-        if close:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
-        # the request line (never a header, so never the token), below the payload line
-        log.debug("%s %s", self.client_address[0], format % args)
-
-
-def _handler_for(receiver: EventReceiver) -> type[BaseHTTPRequestHandler]:
-    """A request handler class bound to ``receiver`` (http.server instantiates it per request)."""
-    return type("Handler", (_Handler,), {"receiver": receiver})

@@ -22,6 +22,10 @@ RESOLVED = "resolved"
 STATUSES = (FIRING, RESOLVED)
 DEFAULT_SEVERITY = "warning"
 DEFAULT_SOURCE = "rankscope"
+#: Where an event came in, the first part of its ``source`` (``alertmanager/<receiver>``, ...):
+#: the receiver's route it was posted to, or the command that wrote it. A sender names
+#: itself only after it, so what one route posts never reads as another's.
+ORIGINS = ("alertmanager", "grafana", "events", "cli")
 #: ``ends_ms`` of an event that has not ended (or whose end is unknown).
 NO_END = -1
 
@@ -60,6 +64,15 @@ class EventRow:
             raise EventError(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
         if self.status == FIRING and self.ends_ms != NO_END:
             raise EventError("a firing event has no end")
+
+
+def sourced(origin: str, sender: object = None) -> str:
+    """An event's ``source``: ``origin`` (one of :data:`ORIGINS`), then ``/`` and the name the
+    sender gives itself (Alertmanager's receiver, a script's ``source``), if it gives one."""
+    if origin not in ORIGINS:
+        raise ValueError(f"origin {origin!r} is not one of {', '.join(ORIGINS)}")
+    name = sender.strip() if isinstance(sender, str) else ""
+    return f"{origin}/{name}" if name else origin
 
 
 def parse_end(value: object, what: str = "endsAt") -> int:

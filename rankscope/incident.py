@@ -50,6 +50,9 @@ class EventVerdict:
     host: str = ""
     rank: int = -1
     status: str = "firing"
+    #: Who reported the event (``alertmanager/<receiver>``, ``grafana/<receiver>``,
+    #: ``events/<sender>``, ``cli/<sender>``; empty: not recorded), so a forged one can be traced.
+    source: str = ""
 
     @property
     def where(self) -> str:
@@ -57,13 +60,14 @@ class EventVerdict:
 
     @property
     def sentence(self) -> str:
-        """The verdict as an operator reads it: event, machine, verdict, why."""
-        return f"Event '{self.name}' on {self.where}: {self.verdict.upper()} - {self.reason}."
+        """The verdict as an operator reads it: event, machine, verdict, why, who reported it."""
+        by = f" Reported by {self.source}." if self.source else ""
+        return f"Event '{self.name}' on {self.where}: {self.verdict.upper()} - {self.reason}.{by}"
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "node": int(self.node), "rank": int(self.rank),
                 "status": self.status, "verdict": self.verdict, "reason": self.reason,
-                "time_ms": int(self.time_ms)}
+                "time_ms": int(self.time_ms), "source": self.source}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EventVerdict:

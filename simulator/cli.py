@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "simulated iteration times and ending now; --live writes each iteration when its\n"
             "(scaled) time has passed, stamped now. The ground truth (culprit ranks, nodes, kind,\n"
             "onset, end) goes to --truth, by default <job>.truth.json next to an embedded store's\n"
-            "file or, for InfluxDB, in the current directory. See docs/simulator.md."),
+            "file or, for InfluxDB, in the current directory (a job name that is not a plain file\n"
+            "name, such as ../x, gets a safe file name in that folder). See docs/simulator.md."),
         epilog="examples:\n  rankscope simulate il-0477 --store http://127.0.0.1:8086\n"
                "  rankscope simulate my-scenario.toml --iterations 20 --truth out/truth.json\n"
                "  rankscope simulate healthy --live --speed 10",

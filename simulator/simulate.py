@@ -23,14 +23,15 @@ from rankscope.topology import Topology
 from simulator.cluster import ClusterSimulator
 from simulator.faults import EventSpec
 from simulator.scenario import Scenario
-from simulator.truth import Truth
+from simulator.truth import Truth, truth_file_name
 
 
 def default_truth_path(store: Store, job: str) -> Path:
-    """``<job>.truth.json`` next to an embedded store's file, else in the current directory."""
+    """``<job>.truth.json`` next to an embedded store's file, else in the current directory;
+    always in that folder, whatever the job name (:func:`~simulator.truth.truth_file_name`)."""
     path = getattr(store, "path", None)
     folder = Path(path).parent if path is not None and str(path) != ":memory:" else Path.cwd()
-    return folder / f"{job}.truth.json"
+    return folder / truth_file_name(job)
 
 
 def events_frame(job: str, events: Sequence[EventSpec], time_ms: int, topology: Topology) -> pd.DataFrame:

@@ -7,10 +7,33 @@ timestamp each iteration was written with, so onsets can also be matched in time
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+#: A job name used as it is in a file name: a letter or digit, then letters, digits, ``._-``.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_UNSAFE_RUN = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def truth_file_name(job: str) -> str:
+    """``<job>.truth.json`` for a job name that is a plain file name; any other name (``/``,
+    ``..``, a leading dot, spaces, over 100 characters) is made one: its other characters
+    become ``_``, leading dots go, and 8 hex digits of its SHA-256 keep two such names apart.
+    The job name itself stays what it is in the store; only the file's name is derived, so it
+    lies in the folder it is put in, whatever the name.
+
+        >>> truth_file_name("il-0477"), truth_file_name("../../x")
+        ('il-0477.truth.json', 'x-9cdf6a50.truth.json')
+    """
+    if _SAFE_NAME.fullmatch(job):
+        return f"{job}.truth.json"
+    stem = _UNSAFE_RUN.sub("_", job).lstrip("._")[:80] or "job"
+    digest = hashlib.sha256(job.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{stem}-{digest}.truth.json"
 
 
 @dataclass

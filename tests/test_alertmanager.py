@@ -6,6 +6,7 @@ Prometheus in front of it, evaluating ``up == 0`` for a target that stops answer
 from __future__ import annotations
 
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from analyzer.service.analyzer_service import run_once
+from events.auth import PASSWORD_ENV, USER_ENV
 from rankscope import schema
+from rankscope.store import InfluxStore
 from rankscope.times import format_time
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
@@ -117,7 +120,8 @@ def test_alertmanager_notifications_are_judged_and_resolved(influx_store, events
     assert set(back["ends_ms"]) == {-1} and "job" not in back.columns   # cluster events
     assert "server port down" in set(back["text"])
     # Alertmanager's own payload got through the token check and was logged as one line per group
-    assert re.search(r"alertmanager from 127\.0\.0\.1: 2 alert\(s\), 2 written", events_serve.log_text())
+    assert re.search(r"alertmanager from 127\.0\.0\.1 \(bearer token\): 2 alert\(s\), 2 written",
+                     events_serve.log_text())
     assert events_serve.token not in events_serve.log_text()
 
     [incident] = [i for i in run_once(influx_store, job=scenario.job) if culprit_host in i["hosts"]]
@@ -240,3 +244,66 @@ def test_promtool_accepts_the_rules_the_test_and_the_documentation_use(tmp_path)
                                 text=True, timeout=30)
         assert result.returncode == 0, (name, result.stdout + result.stderr)
         assert re.search(r"SUCCESS: \d+ rules found", result.stdout), result.stdout
+
+
+BEARER_BLOCK = ("          authorization:\n            type: Bearer\n"
+                "            credentials_file: {token_file}\n")
+
+
+def basic_auth_config(url: str, user: str, password_file: str) -> str:
+    """:func:`alertmanager_config` with ``http_config.basic_auth`` in place of the bearer token."""
+    text = alertmanager_config(url, password_file)
+    bearer = BEARER_BLOCK.format(token_file=password_file)
+    assert bearer in text
+    return text.replace(bearer, f"          basic_auth:\n            username: {user}\n"
+                                f"            password_file: {password_file}\n")
+
+
+def test_alertmanager_posts_with_basic_auth_and_a_wrong_password_gets_nothing_in(
+        influx_url, influx_store, tmp_path):
+    """Alertmanager's ``http_config.basic_auth`` against ``RANKSCOPE_EVENTS_USER`` and
+    ``RANKSCOPE_EVENTS_PASSWORD``: its notification is written and logged with the user; one
+    with a wrong password is refused (401) and writes nothing."""
+    user, password = "alertmanager", secrets.token_hex(16)
+    serve = EventsServe(influx_url, influx_store.bucket, tmp_path,
+                        env={"RANKSCOPE_INFLUX_API": "v1", USER_ENV: user, PASSWORD_ENV: password})
+    serve.start()
+    managers = []
+    try:
+        for name, secret in (("wrong", password + "x"), ("right", password)):
+            root = tmp_path / name
+            root.mkdir()
+            am = AlertmanagerServer(serve.url + "/alertmanager", secret, root)
+            am.config_text = basic_auth_config(serve.url + "/alertmanager", user, str(am.token_file))
+            managers.append(am.start())
+            starts = now_ms() - 60_000 + len(managers)
+            am.post_alerts([prometheus_alert("NodeNetworkDown", f"gpu-node-{name}", "critical",
+                                             "server port down", starts, now_ms() + 300_000)])
+        def stored():   # a store of its own: the database did not exist when the test's looked
+            with InfluxStore(influx_url, influx_store.bucket, api="v1") as store:
+                back = store.read_events()
+            return back if len(back) else None
+
+        back = wait_for(stored, 20, "the notification with the right password", serve.log_text)
+        wait_for(lambda: True if "refused, missing or wrong credentials" in serve.log_text() else None,
+                 20, "the refusal of the wrong password", serve.log_text)
+        time.sleep(1)                                   # (had the wrong one got in, it would show)
+        back = stored()
+        assert back["host"].tolist() == ["gpu-node-right"] and back["source"].tolist() == [SOURCE]
+        assert f"(basic user {user}): 1 alert(s), 1 written" in serve.log_text()
+        assert password not in serve.log_text()
+    finally:
+        for am in managers:
+            am.stop()
+        serve.stop()
+
+
+def test_alertmanager_accepts_the_basic_auth_configuration(tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text("x")
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text(basic_auth_config(DOC_URL, "alertmanager", str(secret)))
+    amtool = Path(find_program()).with_name("amtool")
+    result = subprocess.run([str(amtool), "check-config", str(conf)], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr

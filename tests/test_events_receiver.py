@@ -89,8 +89,8 @@ def test_firing_alerts_written_then_a_resolved_notice_rewrites_its_point(
     assert set(back["name"]) == {"NodeNetworkDown"} and set(back["severity"]) == {"critical"}
     assert set(back["source"]) == {"alertmanager/noc"} and set(back["status"]) == {"firing"}
     assert set(back["ends_ms"]) == {-1} and set(back["text"]) == {"server port down"}
-    assert any("alertmanager from 127.0.0.1: 2 alert(s), 2 written (cluster events)" in r.message
-               for r in caplog.records)
+    assert any("alertmanager from 127.0.0.1 (anonymous): 2 alert(s), 2 written (cluster events)"
+               in r.message for r in caplog.records)
 
     status, answer = post(receiver, "/alertmanager", am_payload(
         [network_down("gpu-node-01294:9100", status="resolved", ends="2026-07-08T09:41:00Z")],
@@ -143,8 +143,9 @@ def test_bearer_token_required_when_configured(influx_store, start_receiver, cap
     caplog.set_level(logging.DEBUG, logger="events")
     payload = am_payload([network_down("gpu-node-01294:9100")])
     status, answer, headers = call(receiver, "POST", "/alertmanager", payload)
-    assert status == 401 and answer == {"error": "missing or wrong bearer token"}
-    assert headers["WWW-Authenticate"].startswith("Bearer")
+    assert status == 401 and answer == {"error": "missing or wrong credentials: send "
+                                                 "Authorization: Bearer"}
+    assert headers["WWW-Authenticate"] == 'Bearer realm="rankscope-events"'
     assert post(receiver, "/alertmanager", payload, token=TOKEN + "x")[0] == 401
     status, _, _ = call(receiver, "POST", "/alertmanager", payload, {"Authorization": TOKEN})
     assert status == 401                          # the scheme is part of it
@@ -222,7 +223,7 @@ def test_own_json_endpoint(influx_store, start_receiver):
     assert "unknown key(s) 'hots'" in answer["refused"][0]["error"]
     row = influx_store.read_events().iloc[0]
     assert (row["time"], row["host"], row["source"], row["text"]) == (
-        utc_ms(2026, 7, 8, 9, 30, 0), "gpu-node-01294", "noc", "eth2 down")
+        utc_ms(2026, 7, 8, 9, 30, 0), "gpu-node-01294", "events/noc", "eth2 down")
 
 
 def test_event_add_command_writes_and_resolves(influx_url, influx_store, monkeypatch, capsys):
@@ -237,6 +238,7 @@ def test_event_add_command_writes_and_resolves(influx_url, influx_store, monkeyp
     assert back.iloc[0]["status"] == "resolved"
     assert back.iloc[0]["ends_ms"] > utc_ms(2026, 7, 8, 9, 30, 0)   # ended now
     assert back.iloc[0]["time"] == utc_ms(2026, 7, 8, 9, 30, 0)
+    assert back.iloc[0]["source"] == "cli/runbook"     # the command first: traceable
     assert main(["event", "add", *common[:-4], "--time", "1783503000"]) == 1   # seconds, not ms
     assert "looks like epoch seconds" in capsys.readouterr().err
 

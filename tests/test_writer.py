@@ -86,11 +86,35 @@ def test_put_never_waits_for_a_hanging_store(influx_store):
         writer.put(point(it))
     assert not store.release.is_set()        # all 100 puts returned while the store hung
     held = writer.stats()
-    assert (held.queued, held.dropped) == (20, 101 - 20)   # the bound held, the oldest went
+    # the bound held, the oldest waiting points went; point 0 is in flight, not dropped
+    assert (held.queued, held.in_flight, held.dropped, held.sent) == (20, 1, 80, 101)
+    assert held.balanced
     store.release.set()
     stats = writer.close()
-    assert stats.queued == 0 and stats.dropped == held.dropped
-    assert influx_store.read_stage_latency("w")["iteration"].iloc[-1] == 100
+    assert (stats.queued, stats.in_flight, stats.written, stats.dropped) == (0, 0, 21, 80)
+    assert stats.balanced and stats.unconfirmed == 0
+    assert influx_store.read_stage_latency("w")["iteration"].tolist() == [0, *range(81, 101)]
+
+
+def test_a_write_that_succeeds_after_close_gave_up_on_it_is_counted_written(influx_store):
+    """close() cannot wait for a hung write: its batch is unconfirmed (it may land). When the
+    write then succeeds its points move to written, still counted once."""
+    store = BlockingStore(influx_store)
+    writer = BackgroundWriter(store, capacity=20, flush_interval_s=0.01, batch_size=5)
+    writer.put(point(0))
+    assert store.entered.wait(30)            # point 0 is inside the hung write
+    writer.put(point(1))                     # point 1 waits, never sent
+    closed = writer.close(timeout_s=0.2)
+    assert (closed.unconfirmed, closed.dropped, closed.written) == (1, 1, 0) and closed.balanced
+    store.release.set()
+    deadline = time.monotonic() + 10
+    while writer.stats().unconfirmed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    writer.put(point(2))                     # a closed writer takes nothing: dropped
+    after = writer.stats()
+    assert (after.unconfirmed, after.written, after.dropped, after.sent) == (0, 1, 2, 3)
+    assert after.balanced
+    assert influx_store.read_stage_latency("w")["iteration"].tolist() == [0]
 
 
 def test_invalid_values_are_counted_and_the_rest_written(influx_store):
@@ -100,8 +124,23 @@ def test_invalid_values_are_counted_and_the_rest_written(influx_store):
     writer.put(point(2))
     stats = writer.close()
     assert (stats.rejected, stats.written, stats.queued) == (1, 2, 0)  # not retried forever
+    assert stats.balanced
     df = influx_store.read_stage_latency("w")
     assert sorted(df["iteration"]) == [0, 2]
+
+
+def test_a_batch_the_store_can_never_take_is_rejected_not_retried_forever(influx_store):
+    """A tag value line protocol cannot carry refuses its whole batch before anything is sent:
+    counted rejected once, and the batches after it still go in."""
+    writer = BackgroundWriter(influx_store, flush_interval_s=0.02, batch_size=1)
+    writer.put(point(0))
+    writer.put({**point(1), "job": "w\nx"})
+    writer.put(point(2))
+    assert writer.flush(10)
+    stats = writer.close()
+    assert (stats.written, stats.rejected, stats.failures, stats.sent) == (2, 1, 0, 3)
+    assert stats.balanced
+    assert sorted(influx_store.read_stage_latency("w")["iteration"]) == [0, 2]
 
 
 def test_bad_settings_are_refused(influx_store):
@@ -124,12 +163,13 @@ def test_open_writer_uses_the_configured_store_without_store_retries(influx_url)
 
 
 def test_outage_buffers_within_the_bound_drops_the_oldest_and_reports_it(influx_server):
-    """influxd is stopped while the training loop runs: the newest ``capacity`` points
-    arrive after the restart, the rest are counted and reported."""
+    """influxd is stopped while the training loop runs (connections refused): the batch in
+    flight and the newest ``capacity`` points arrive after the restart, the rest are counted
+    as dropped and reported, each point once."""
     capacity = 30
     store = InfluxStore(influx_server.url, f"outage_{uuid.uuid4().hex[:8]}", api="v1",
                         retries=0, timeout_s=2.0)
-    writer = BackgroundWriter(store, capacity=capacity, flush_interval_s=0.05,
+    writer = BackgroundWriter(store, capacity=capacity, batch_size=10, flush_interval_s=0.05,
                               backoff_s=0.05, backoff_max_s=0.2)
     coords = RankCoordinates.from_topology(Topology(dp=8, gpus_per_node=4), 6, "outage-job")
     timer = StageTimer(coords, sink=writer.put)
@@ -156,21 +196,23 @@ def test_outage_buffers_within_the_bound_drops_the_oldest_and_reports_it(influx_
         assert writer.flush(20)
         stats = writer.close()
 
-        assert down.failures >= 1 and down.queued == capacity  # it did try, and held the bound
+        k = down.in_flight  # the first points of the outage, sent and retried
+        assert down.failures >= 1 and down.queued == capacity and 1 <= k <= 10 and down.balanced
         assert len(outage) == 80  # (that put never waits is test_put_never_waits_for_a_hanging_store)
-        assert stats.dropped == 80 - capacity and stats.dropped_reported == stats.dropped
-        assert stats.written == 10 + capacity + 10 and stats.queued == 0
+        assert stats.dropped == 80 - capacity - k and stats.dropped_reported == stats.dropped
+        assert stats.written == 10 + k + capacity + 10 and stats.queued == stats.unconfirmed == 0
+        assert stats.balanced and stats.sent == 100
 
         df = store.read_stage_latency("outage-job")
-        # before the outage, the newest `capacity` of the outage, after the restart
-        expected = list(range(10)) + list(range(90 - capacity, 90)) + list(range(90, 100))
+        # before the outage, the batch in flight, the newest `capacity` of the outage, after
+        expected = [*range(10 + k), *range(90 - capacity, 90), *range(90, 100)]
         assert df["iteration"].tolist() == expected
         assert (df["mlp"] >= 2.0).all()
         events = store.read_events("outage-job")
         drop = events[events["name"] == DROP_EVENT]
-        assert drop["value"].astype(int).tolist() == [80 - capacity]
+        assert drop["value"].astype(int).tolist() == [stats.dropped]
         assert drop["rank"].astype(int).tolist() == [6]
-        assert "dropped 50 point(s)" in drop["text"].iloc[0]
+        assert f"dropped {stats.dropped} point(s)" in drop["text"].iloc[0]
     finally:
         writer.close(timeout_s=1)
         if influx_server.proc is None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from collector.bounded_read import DEFAULT_LIMIT, FileLimit
 from collector.kineto.parse import TraceError, load_trace
 from collector.kineto.rows import TraceSummary, trace_rows
 from collector.kineto.stages import StagePatterns
@@ -28,6 +29,9 @@ class ImportReport:
     points: int
     stages: list[str]
     hosts: list[str] = field(default_factory=list)
+    #: Events refused for a field that failed its check (every file), and the first of them.
+    refused: int = 0
+    first_refused: str = ""
 
 
 def host_placement(topology: Topology, hosts: Mapping[int, str]) -> Topology | None:
@@ -51,19 +55,20 @@ def host_placement(topology: Topology, hosts: Mapping[int, str]) -> Topology | N
 def import_traces(paths: Iterable[str | Path], store: Any, job: str, topology: Topology | None = None,
                   patterns: StagePatterns | None = None, iteration_offset: int = 0,
                   rank: int | None = None, progress: Callable[[str], Any] | None = None,
-                  hosts: Mapping[int, str] | None = None) -> ImportReport:
+                  hosts: Mapping[int, str] | None = None, limit: FileLimit = DEFAULT_LIMIT) -> ImportReport:
     """Summarise every trace and write its ``stage_latency`` points to ``store``.
 
     ``topology`` defaults to a pure data-parallel job of the traces' world size, with
     as many ranks per node as each host holds when every rank's host is known.
     ``hosts`` (rank -> host name, e.g. from :func:`read_host_map`) wins over the
     host a trace records. Where the hosts fit the topology, the ``node`` tags follow
-    them; else they are the topology's block placement.
+    them; else they are the topology's block placement. Each file is read within ``limit``;
+    events whose fields fail their checks are refused and counted in the report.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise TraceError("no trace files given")
-    summaries = summarise_files(paths, patterns or StagePatterns.default(), rank, hosts, progress)
+    summaries = summarise_files(paths, patterns or StagePatterns.default(), rank, hosts, progress, limit)
     seen: dict[int, str] = {}
     for s in summaries:
         if s.rank in seen:
@@ -76,17 +81,21 @@ def import_traces(paths: Iterable[str | Path], store: Any, job: str, topology: T
         raise TraceError("the traces hold no complete ProfilerStep")
     store.write_stage_latency(df)
     stages = schema.stage_fields(df.columns)
+    refused = [s for s in summaries if s.refused]
     return ImportReport(len(paths), sorted(seen), int(df[schema.ITERATION_FIELD].nunique()), len(df), stages,
-                        sorted(set(host_of.values())))
+                        sorted(set(host_of.values())), sum(s.refused for s in refused),
+                        refused[0].first_refused if refused else "")
 
 
 def summarise_files(paths: list[Path], patterns: StagePatterns, rank: int | None = None,
                     hosts: Mapping[int, str] | None = None,
-                    progress: Callable[[str], Any] | None = None) -> list[TraceSummary]:
-    """The summary of every trace file, its host from ``hosts`` where that names its rank."""
+                    progress: Callable[[str], Any] | None = None,
+                    limit: FileLimit = DEFAULT_LIMIT) -> list[TraceSummary]:
+    """The summary of every trace file (read within ``limit``), its host from ``hosts`` where
+    that names its rank."""
     summaries = []
     for i, p in enumerate(paths):
-        s = summarise_trace(load_trace(p), patterns, p, rank)
+        s = summarise_trace(load_trace(p, limit), patterns, p, rank)
         if hosts and s.rank in hosts:
             s.host = hosts[s.rank]
         summaries.append(s)
@@ -94,7 +103,9 @@ def summarise_files(paths: list[Path], patterns: StagePatterns, rank: int | None
             where = ", ".join(x for x in (f"host {s.host}" if s.host else "",
                                           f"gpu {s.gpu}" if s.gpu is not None else "") if x)
             progress(f"[{i + 1}/{len(paths)}] {p}: rank {s.rank}{', ' + where if where else ''}, "
-                     f"{len(s.iterations)} iteration(s)")
+                     f"{len(s.iterations)} iteration(s)" + (
+                         f"; refused {s.refused} event(s) with bad values (first: {s.first_refused})"
+                         if s.refused else ""))
     return summaries
 
 

@@ -2,12 +2,14 @@
 
 :func:`parse_events` sorts a trace's complete (``ph == "X"``) events into iterations
 (``ProfilerStep#N``), host spans, device events and CUDA launches, and keeps the
-forward/backward flows; nothing is named or timed here.
+forward/backward flows; nothing is named or timed here. Every event's fields are checked
+(:mod:`~collector.kineto.event_fields`): an event that fails is refused and counted
+(``ParsedTrace.refused``), the others kept. :func:`load_trace` reads a file within a
+:class:`~collector.bounded_read.FileLimit`, gunzipping it as a stream.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import tomllib
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import collector.kineto.event_fields as ef
+from collector.bounded_read import DEFAULT_LIMIT, MB, FileLimit, open_bounded, read_bounded
 from rankscope.topology import parse_ranks
 
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -53,20 +57,21 @@ class ParsedTrace:
     launches: dict[Any, tuple[Any, Any, float]] = field(default_factory=dict)
     #: ``(name, cat, correlation, ts, end, device, collective)`` of every device event.
     device_events: list[tuple[str, str, Any, float, float, Any, str | None]] = field(default_factory=list)
+    #: Events refused for a field that failed its check, and the first of them (file, event, field).
+    refused: int = 0
+    first_refused: str = ""
 
 
 def parse_events(data: Mapping[str, Any], path: str | Path = "<trace>") -> ParsedTrace:
-    """The events of a loaded trace by kind; raises when it has no ``ProfilerStep#N``."""
+    """The events of a loaded trace by kind; raises when it has no ``ProfilerStep#N``. An event
+    whose fields fail their checks is refused (counted in ``refused``), the others kept."""
     out = ParsedTrace()
-    for e in data["traceEvents"]:
-        ph = e.get("ph")
-        if ph == "X":
-            _add_complete(out, e)
-        elif ph in ("s", "f") and e.get("cat") == "fwdbwd":
-            if ph == "s":
-                out.flows_s[e.get("id")] = (e.get("pid"), e.get("tid"), float(e["ts"]))
-            else:
-                out.flows_f.append((e.get("id"), e.get("pid"), e.get("tid"), float(e["ts"])))
+    for i, e in enumerate(data["traceEvents"]):
+        try:
+            _add_event(out, ef.event(e))
+        except ef.BadField as bad:
+            out.refused += 1
+            out.first_refused = out.first_refused or f"{path} event {i}, {bad}"
     if not out.steps:
         raise TraceError(f"{path}: no ProfilerStep#N events; record the trace with a torch.profiler "
                          f"schedule and call prof.step() once per iteration")
@@ -74,41 +79,53 @@ def parse_events(data: Mapping[str, Any], path: str | Path = "<trace>") -> Parse
     return out
 
 
+def _add_event(out: ParsedTrace, e: Mapping[str, Any]) -> None:
+    """File one event: a complete event, or a forward/backward flow's start or end."""
+    ph = e.get("ph")
+    if ph == "X":
+        _add_complete(out, e)
+    elif ph in ("s", "f") and e.get("cat") == "fwdbwd":
+        key, pid, tid = ef.key_value(e, "id"), ef.key_value(e, "pid"), ef.key_value(e, "tid")
+        if ph == "s":
+            out.flows_s[key] = (pid, tid, ef.timestamp(e))
+        else:
+            out.flows_f.append((key, pid, tid, ef.timestamp(e)))
+
+
 def _add_complete(out: ParsedTrace, e: Mapping[str, Any]) -> None:
     """File one complete event: an iteration, a device event or a host span (and launch)."""
-    cat = e.get("cat", "")
+    cat = ef.text(e, "cat")
     if cat == GPU_ANNOTATION_CAT:
         return
-    name = e.get("name", "")
-    ts = float(e.get("ts", 0.0))
-    end = ts + float(e.get("dur", 0.0))
+    name = ef.text(e, "name")
+    ts = ef.timestamp(e, default=0.0)
+    end = ts + ef.duration(e)
     m = _STEP.match(name)
     if m:
-        out.steps.append((ts, end, int(m.group(1))))
+        out.steps.append((ts, end, ef.step_number(m.group(1))))
         return
-    args = e.get("args") or {}
+    args = ef.arguments(e)
     if cat in DEVICE_CATS:
         out.device_events.append((name, cat, args.get("correlation"), ts, end, args.get("device"),
                                   args.get("Collective name")))
         return
-    out.spans.append((name, e.get("pid"), e.get("tid"), ts, end, cat))
+    pid, tid = ef.key_value(e, "pid"), ef.key_value(e, "tid")
+    out.spans.append((name, pid, tid, ts, end, cat))
     if cat in LAUNCH_CATS and "correlation" in args:
-        out.launches[args["correlation"]] = (e.get("pid"), e.get("tid"), ts)
+        out.launches[args["correlation"]] = (pid, tid, ts)
 
 
-def load_trace(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a Kineto trace file (``.json`` or ``.json.gz``)."""
+def load_trace(path: str | Path, limit: FileLimit = DEFAULT_LIMIT) -> dict[str, Any]:
+    """The JSON object of a Kineto trace file (``.json`` or ``.json.gz``), read as a stream of
+    at most ``limit`` bytes (after decompression); content that cannot start a JSON trace is
+    refused at its first bytes."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {p}: {exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+    _check_start(p, limit)
+    raw = read_bounded(p, limit, TraceError, gunzip=True)
     try:
         data = json.loads(raw)
-    except ValueError as exc:
-        raise TraceError(f"{p} is not a JSON trace: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise TraceError(f"{p} is not a JSON trace: {type(exc).__name__}: {str(exc)[:200]}") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -116,18 +133,32 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _check_start(path: Path, limit: FileLimit) -> None:
+    """Refuse a file that does not start as a JSON trace does (``{`` or ``[`` after blanks),
+    from its first MB (decompressed), so junk such as a gzip bomb of zeros costs no more."""
+    with open_bounded(path, limit, TraceError, gunzip=True) as fh:
+        head = fh.read(MB).removeprefix(b"\xef\xbb\xbf").lstrip()
+    if head[:1] not in (b"{", b"["):
+        raise TraceError(f"{path} is not a JSON trace: it starts with {bytes(head[:16])!r}, not {{ or [")
+
 
 def trace_rank(data: Mapping[str, Any], path: str | Path, rank: int | None = None) -> tuple[int, int | None]:
     """``(rank, world)``: from ``distributedInfo``, else ``rank``, else ``rankN`` in the file name."""
-    info = data.get("distributedInfo") or {}
-    world = info.get("world_size")
-    if "rank" in info:
-        return int(info["rank"]), None if world is None else int(world)
-    if rank is not None:
-        return rank, world
-    m = _RANK_IN_NAME.search(Path(path).name)
-    if m:
-        return int(m.group(1)), world
+    info = data.get("distributedInfo")
+    info = info if isinstance(info, Mapping) else {}
+    try:
+        world = ef.rank_number(info.get("world_size"), "distributedInfo.world_size", ef.MAX_RANKS, True)
+        if "rank" in info:
+            return ef.rank_number(info["rank"], "distributedInfo.rank", ef.MAX_RANKS - 1), world
+        if rank is not None:
+            return rank, world
+        m = _RANK_IN_NAME.search(Path(path).name)
+        if m:
+            digits = m.group(1)
+            return ef.rank_number(int(digits) if len(digits) < 9 else digits, "rank in the file name",
+                                  ef.MAX_RANKS - 1), world
+    except ef.BadField as bad:
+        raise TraceError(f"{path}: {bad}") from None
     raise TraceError(f"{path}: no rank in the trace (distributedInfo) or the file name (rankN); pass --rank")
 
 
@@ -158,9 +189,9 @@ def read_host_map(path: str | Path) -> dict[int, str]:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = read_bounded(p, FileLimit(), TraceError).decode("utf-8")
         table = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
-    except (OSError, ValueError) as exc:   # JSONDecodeError and TOMLDecodeError are ValueErrors
+    except (OSError, ValueError, RecursionError) as exc:   # JSONDecodeError and TOMLDecodeError are ValueErrors
         raise TraceError(f"cannot read host map {p}: {exc}") from None
     if isinstance(table, dict) and isinstance(table.get("hosts"), dict):
         table = table["hosts"]

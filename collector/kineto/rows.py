@@ -30,6 +30,9 @@ class TraceSummary:
     end_ms: list[float] = field(default_factory=list)
     iteration_ms: list[float] = field(default_factory=list)
     stage_ms: list[dict[str, float]] = field(default_factory=list)
+    #: Events refused for a field that failed its check, and the first (file, event, field).
+    refused: int = 0
+    first_refused: str = ""
 
     @property
     def stages(self) -> list[str]:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from collector.kineto.parse import ParsedTrace, parse_events, trace_host, trace_rank
+import collector.kineto.event_fields as ef
+from collector.kineto.parse import ParsedTrace, TraceError, parse_events, trace_host, trace_rank
 from collector.kineto.rows import TraceSummary
 from collector.kineto.stages import (
     _IDLE,
@@ -130,8 +131,9 @@ def summarise_trace(data: Mapping[str, Any], patterns: StagePatterns, path: str 
         host=([x[0] for x in host_kept], np.array([x[1] for x in host_kept]),
               np.array([x[2] for x in host_kept])))
     idle = _idle(trace, dev, s_start, s_end) if kernel_classes and events else None
-    base_us = float(data.get("baseTimeNanoseconds", 0)) / 1000.0
-    out = TraceSummary(str(path), r, world, base_us / 1000.0, host=trace_host(data, path), gpu=dev.gpu)
+    base_us = _base_us(data, s_end, path)
+    out = TraceSummary(str(path), r, world, base_us / 1000.0, host=trace_host(data, path), gpu=dev.gpu,
+                       refused=trace.refused, first_refused=trace.first_refused)
     for k, (ts, end, n) in enumerate(trace.steps):
         out.iterations.append(n)
         out.end_ms.append((base_us + end) / 1000.0)
@@ -141,6 +143,19 @@ def summarise_trace(data: Mapping[str, Any], patterns: StagePatterns, path: str 
             st_ms[_IDLE] = max(float(idle[k]), 0.0) / 1000.0
         out.stage_ms.append(st_ms)
     return out
+
+
+def _base_us(data: Mapping[str, Any], s_end: np.ndarray, path: str | Path) -> float:
+    """The trace's base time (us), once every iteration's end lies where a store can hold it."""
+    try:
+        base_us = ef.base_time_us(data)
+    except ef.BadField as bad:
+        raise TraceError(f"{path}: {bad}") from None
+    ends_ms = (base_us + s_end) / 1000.0
+    if len(ends_ms) and (ends_ms.min() < 0 or ends_ms.max() > ef.MAX_TS_US / 1000.0):
+        raise TraceError(f"{path}: iterations end at {ends_ms.min():.0f}..{ends_ms.max():.0f} epoch ms, outside "
+                         f"the times a store holds (1970 to 2262): check ts and baseTimeNanoseconds")
+    return base_us
 
 
 def _idle(trace: ParsedTrace, dev: DeviceStages, s_start: np.ndarray, s_end: np.ndarray) -> np.ndarray:

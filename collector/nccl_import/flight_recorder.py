@@ -14,6 +14,10 @@ and each entry has ``record_id``, ``pg_id``, ``process_group`` (``[name, desc]``
 ``time_discovered_started_ns``, ``time_discovered_completed_ns``, ``input_sizes``, ...
 The rank is the file name's number after its prefix, as ``loader.read_dump`` takes it.
 
+A pickled dump is read by :func:`collector.plain_unpickle.loads_plain`: plain data only, any
+global refused by name (``pickle.loads`` would run what a crafted dump names), and every
+value is checked (finite, in range) before it becomes a record.
+
 A dump names its rank and every process group's global members. A record's end is
 ``time_discovered_completed_ns`` (else ``time_created_ns + duration_ms``), its order in the rank
 its ``record_id``.
@@ -23,13 +27,23 @@ from __future__ import annotations
 
 import ast
 import json
-import pickle
 import re
 from pathlib import Path
 
 import pandas as pd
 
-from collector.nccl_import.records import RECORD_COLUMNS, NcclError, get_field, number
+from collector.bounded_read import DEFAULT_LIMIT, FileLimit, read_bounded
+from collector.nccl_import.records import (
+    MAX_DURATION_MS,
+    MAX_RANKS,
+    MAX_SEQ,
+    MAX_TIME_US,
+    RECORD_COLUMNS,
+    NcclError,
+    get_field,
+    number,
+)
+from collector.plain_unpickle import RefusedPickle, loads_plain
 
 #: Flight Recorder ``profiling_name`` (after ``nccl:``) -> operation, first match wins.
 _FR_OPS = (("all_to_all", "all_to_all"), ("alltoall", "all_to_all"), ("reduce_scatter", "reduce_scatter"),
@@ -48,6 +62,8 @@ def _fr_rank(path: Path) -> int:
     if not m:
         raise NcclError(f"{path}: a Flight Recorder dump's name ends with its rank "
                         f"({FR_PREFIX}<rank>, as TORCH_NCCL_DEBUG_INFO_TEMP_FILE writes it)")
+    if len(m.group(1)) > 7 or int(m.group(1)) >= MAX_RANKS:
+        raise NcclError(f"{path}: rank {m.group(1)} in the file name is not below {MAX_RANKS}")
     return int(m.group(1))
 
 
@@ -64,10 +80,11 @@ def _fr_ranks(spec, where) -> list[int]:
     if isinstance(spec, str):
         try:
             spec = ast.literal_eval(spec)
-        except (ValueError, SyntaxError):
-            raise NcclError(f"{where}: ranks {spec!r} is not a list of ranks") from None
-    if not isinstance(spec, list | tuple) or not all(isinstance(r, int) for r in spec):
-        raise NcclError(f"{where}: ranks {spec!r} is not a list of ranks")
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise NcclError(f"{where}: ranks {spec[:60]!r} is not a list of ranks") from None
+    if not isinstance(spec, list | tuple) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_RANKS for r in spec):
+        raise NcclError(f"{where}: ranks {str(spec)[:60]!r} is not a list of ranks (each in 0..{MAX_RANKS - 1})")
     return [int(r) for r in spec]
 
 
@@ -93,16 +110,20 @@ def _entry_row(e: dict, where: str, source: str, i: int, rank: int,
         raise NcclError(f"{where}: field 'process_group' must be [name, desc], got {pg!r}")
     comm = str(pg[0])
     is_p2p = bool(e.get("is_p2p", False))
-    ms = float(number(e["duration_ms"], "duration_ms", where))
-    created = float(number(e["time_created_ns"], "time_created_ns", where))
+    ms = float(number(e["duration_ms"], "duration_ms", where, most=MAX_DURATION_MS))
+    created = float(number(e["time_created_ns"], "time_created_ns", where, most=MAX_TIME_US * 1000))
     done = e.get("time_discovered_completed_ns") or 0
-    end_us = float(done) / 1000.0 if isinstance(done, int | float) and done > 0 else created / 1000.0 + ms * 1000.0
+    if isinstance(done, int | float) and not isinstance(done, bool) and done > 0:
+        end_us = float(number(done, "time_discovered_completed_ns", where, most=MAX_TIME_US * 1000)) / 1000.0
+    else:
+        end_us = created / 1000.0 + ms * 1000.0
+    if end_us > MAX_TIME_US:
+        raise NcclError(f"{where}: ends after the latest time a store holds (2262)")
+    seq = "p2p_seq_id" if is_p2p else "collective_seq_id"
     return {"source": source, "line": i, "rank": rank, "comm": comm,
             "n_ranks": len(members.get(comm, ())) or -1, "op": _fr_op(str(e["profiling_name"]), where),
-            "sn": int(number(e["p2p_seq_id"] if is_p2p else e["collective_seq_id"],
-                             "p2p_seq_id" if is_p2p else "collective_seq_id", where, True)),
-            "ms": ms, "end_us": end_us,
-            "order": float(number(e["record_id"], "record_id", where, True)), "host": None,
+            "sn": int(number(e[seq], seq, where, True, MAX_SEQ)), "ms": ms, "end_us": end_us,
+            "order": float(number(e["record_id"], "record_id", where, True, MAX_SEQ)), "host": None,
             "members": members.get(comm)}
 
 
@@ -113,26 +134,36 @@ def flight_recorder_records(dump: dict, source: str, rank: int) -> pd.DataFrame:
     if not isinstance(entries, list):
         raise NcclError(f"{source}: 'entries' must be a list")
     members = _members(config, source)
-    rows = []
+    rows, bad, first = [], 0, ""
     for i, e in enumerate(entries):
-        row = _entry_row(e, f"{source}: entry {i}", source, i, rank, members)
+        try:
+            row = _entry_row(e, f"{source}: entry {i}", source, i, rank, members)
+        except NcclError as exc:   # every entry is checked, so the count is the whole dump's
+            bad, first = bad + 1, first or str(exc)
+            continue
         if row is not None:
             rows.append(row)
+    if bad:
+        raise NcclError(first + (f" ({bad} bad entries in all; the first is shown)" if bad > 1 else ""))
     if entries and not rows:
         raise NcclError(f"{source}: no entry has 'duration_ms': run with TORCH_NCCL_ENABLE_TIMING=1")
     return pd.DataFrame(rows, columns=[*RECORD_COLUMNS, "members"])
 
 
-def read_flight_recorder(path: Path) -> pd.DataFrame:
-    """A Flight Recorder dump file (pickle, or JSON by its first byte)."""
+def read_flight_recorder(path: Path, limit: FileLimit = DEFAULT_LIMIT) -> pd.DataFrame:
+    """A Flight Recorder dump file (pickle, or JSON by its first byte), read within ``limit``;
+    a pickle is unpickled as plain data only (any global refused by name)."""
+    data = read_bounded(path, limit, NcclError)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise NcclError(f"{path}: cannot read: {exc}") from None
-    try:
-        dump = json.loads(data) if data[:1] == b"{" else pickle.loads(data)  # noqa: S301 - the user's own dump
-    except Exception as exc:  # a broken pickle raises anything
-        raise NcclError(f"{path}: not a Flight Recorder dump (pickle or JSON): {type(exc).__name__}: {exc}") from None
+        if data[:1] == b"{":
+            dump = json.loads(data)
+        else:
+            dump = loads_plain(data, str(path), "Flight Recorder dumps")
+    except RefusedPickle as exc:
+        raise NcclError(str(exc)) from None
+    except Exception as exc:  # a broken pickle raises anything (MemoryError for a length it lies about)
+        raise NcclError(f"{path}: not a Flight Recorder dump (pickle or JSON): {type(exc).__name__}: "
+                        f"{str(exc)[:200]}") from None
     if not isinstance(dump, dict):
         raise NcclError(f"{path}: a Flight Recorder dump is a dict with 'entries', got {type(dump).__name__}")
     return flight_recorder_records(dump, str(path), _fr_rank(path))

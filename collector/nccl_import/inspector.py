@@ -41,7 +41,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from collector.nccl_import.records import NcclError, get_field, number, with_members
+from collector.bounded_read import DEFAULT_LIMIT, FileLimit, open_bounded
+from collector.nccl_import.records import (
+    MAX_DURATION_MS,
+    MAX_RANKS,
+    MAX_SEQ,
+    MAX_TIME_US,
+    NcclError,
+    get_field,
+    number,
+    with_members,
+)
 
 #: Inspector ``coll`` -> operation.
 INSPECTOR_OPS = {"AllGather": "all_gather", "AllReduce": "all_reduce", "Broadcast": "broadcast",
@@ -54,13 +64,14 @@ INSPECTOR_FIELDS = {"header": ("id", "rank", "n_ranks"), "metadata": ("dump_time
 
 def _end_us(meta: dict, perf: dict, where: str) -> float:
     """The last kernel's stop when the record is verbose, else the dump thread's time."""
-    end_us = float(number(meta["dump_timestamp_us"], "metadata.dump_timestamp_us", where))
+    end_us = float(number(meta["dump_timestamp_us"], "metadata.dump_timestamp_us", where, most=MAX_TIME_US))
     trace = perf.get("event_trace_ts")
-    if isinstance(trace, dict) and trace.get("kernel_events"):
-        stops = [k.get("kernel_stop_ts", 0) for k in trace["kernel_events"] if isinstance(k, dict)]
-        stops = [s for s in stops if isinstance(s, int | float) and s > 0]
+    events = trace.get("kernel_events") if isinstance(trace, dict) else None
+    if isinstance(events, list) and events:
+        stops = [k.get("kernel_stop_ts", 0) for k in events if isinstance(k, dict)]
+        stops = [s for s in stops if isinstance(s, int | float) and not isinstance(s, bool) and s > 0]
         if stops:
-            end_us = float(max(stops))
+            end_us = float(number(max(stops), "kernel_stop_ts", where, most=MAX_TIME_US))
     return end_us
 
 
@@ -75,26 +86,38 @@ def _parse_line(text: str, source: str, i: int) -> dict:
         for k in keys:
             get_field(obj[part], k, f"{where}: {part}")
     coll = perf["coll"]
-    if coll not in INSPECTOR_OPS:
-        raise NcclError(f"{where}: coll_perf.coll {coll!r} is not one of {', '.join(INSPECTOR_OPS)}")
+    if not isinstance(coll, str) or coll not in INSPECTOR_OPS:
+        raise NcclError(f"{where}: coll_perf.coll {str(coll)[:40]!r} is not one of {', '.join(INSPECTOR_OPS)}")
+    if not isinstance(head["id"], str | int) or isinstance(head["id"], bool):
+        raise NcclError(f"{where}: field 'header.id' must be a communicator id, got {str(head['id'])[:40]!r}")
     end_us = _end_us(meta, perf, where)
+    host = meta.get("hostname", "")
     return {
         "source": source, "line": i, "comm": str(head["id"]),
-        "comm_rank": int(number(head["rank"], "header.rank", where, True)),
-        "n_ranks": int(number(head["n_ranks"], "header.n_ranks", where, True)),
-        "op": INSPECTOR_OPS[coll], "sn": int(number(perf["coll_sn"], "coll_perf.coll_sn", where, True)),
-        "ms": float(number(perf["coll_exec_time_us"], "coll_perf.coll_exec_time_us", where)) / 1000.0,
-        "end_us": end_us, "host": str(meta.get("hostname", "")) or None,
+        "comm_rank": int(number(head["rank"], "header.rank", where, True, MAX_RANKS - 1)),
+        "n_ranks": int(number(head["n_ranks"], "header.n_ranks", where, True, MAX_RANKS)),
+        "op": INSPECTOR_OPS[coll], "sn": int(number(perf["coll_sn"], "coll_perf.coll_sn", where, True, MAX_SEQ)),
+        "ms": float(number(perf["coll_exec_time_us"], "coll_perf.coll_exec_time_us", where,
+                           most=MAX_DURATION_MS * 1000)) / 1000.0,
+        "end_us": end_us, "host": host if isinstance(host, str) and host else None,
     }
 
 
 def parse_inspector_lines(lines: Iterable[str], source: str, first_line: int = 1) -> list[dict]:
-    """Inspector JSON lines -> raw records (process-local: ``comm_rank``, not the global rank)."""
-    out = []
+    """Inspector JSON lines -> raw records (process-local: ``comm_rank``, not the global rank).
+
+    Every line is checked; one bad line refuses them all (a record dropped would move the
+    collectives around it into another iteration), naming the first and counting the rest."""
+    out, bad, first = [], 0, ""
     for i, text in enumerate(lines, start=first_line):
         text = text.strip()
         if text:
-            out.append(_parse_line(text, source, i))
+            try:
+                out.append(_parse_line(text, source, i))
+            except NcclError as exc:
+                bad, first = bad + 1, first or str(exc)
+    if bad:
+        raise NcclError(first + (f" ({bad} bad records in all; the first is shown)" if bad > 1 else ""))
     return out
 
 
@@ -123,17 +146,22 @@ def inspector_records(raw: list[dict]) -> pd.DataFrame:
     return with_members(df)
 
 
-def read_inspector(path: Path, start_line: int = 1, offset: int = 0) -> tuple[list[dict], int, int]:
+def read_inspector(path: Path, start_line: int = 1, offset: int = 0,
+                   limit: FileLimit = DEFAULT_LIMIT) -> tuple[list[dict], int, int]:
     """Complete lines of an Inspector log from byte ``offset``: (raw records, next line, next offset).
 
-    A last line without its newline is being written: it is left for the next read."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except OSError as exc:
-        raise NcclError(f"{path}: cannot read: {exc}") from None
-    cut = data.rfind(b"\n") + 1
-    text = data[:cut].decode("utf-8", errors="replace")
-    lines = text.split("\n")[:-1] if cut else []
-    return parse_inspector_lines(lines, str(path), start_line), start_line + len(lines), offset + cut
+    The lines are streamed, at most ``limit`` bytes of them per call (more is refused, naming
+    the file and the flag). A last line without its newline is being written: it is left for
+    the next read."""
+    seen = [0, 0]   # complete lines, their bytes
+
+    def complete(fh) -> Iterable[str]:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                return
+            seen[0], seen[1] = seen[0] + 1, seen[1] + len(raw)
+            yield raw.decode("utf-8", errors="replace")
+
+    with open_bounded(path, limit, NcclError, offset=offset) as fh:
+        records = parse_inspector_lines(complete(fh), str(path), start_line)
+    return records, start_line + seen[0], offset + seen[1]

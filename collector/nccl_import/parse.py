@@ -1,4 +1,7 @@
-"""Step 1, parse: files and directories -> the record table (one format for all of them)."""
+"""Step 1, parse: files and directories -> the record table (one format for all of them).
+
+Every file is read within a :class:`~collector.bounded_read.FileLimit`; a directory gives its
+files, never a symlink out of it (:func:`collector.folder_files.files_in`)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from collector.bounded_read import DEFAULT_LIMIT, FileLimit
+from collector.folder_files import files_in
 from collector.nccl_import.flight_recorder import FR_PREFIX, read_flight_recorder
 from collector.nccl_import.inspector import inspector_records, read_inspector
 from collector.nccl_import.records import NcclError, with_members
@@ -16,6 +21,8 @@ def detect_format(path: Path) -> str:
     """``inspector`` (a ``.log`` of JSON lines with a ``coll_perf``) or ``flight-recorder``."""
     if path.name.startswith(FR_PREFIX):
         return "flight-recorder"
+    if path.exists() and not path.is_file():
+        raise NcclError(f"{path}: not a regular file (a device or FIFO is not read)")
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
@@ -29,12 +36,18 @@ def detect_format(path: Path) -> str:
                     f"Recorder dump ({FR_PREFIX}<rank>, pickle or JSON); give --format")
 
 
+def record_file(path: Path) -> bool:
+    """Whether a file of a directory is one to read: an Inspector log or a Flight Recorder dump."""
+    return path.suffix == ".log" or path.name.startswith(FR_PREFIX)
+
+
 def expand(paths: Iterable[str | Path]) -> list[Path]:
-    """Files, and the files of directories (Inspector ``*.log``, Flight Recorder dumps)."""
+    """Files, and the files of directories (Inspector ``*.log``, Flight Recorder dumps); a
+    symlink in a directory that points outside it is refused, by name."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and (f.suffix == ".log" or f.name.startswith(FR_PREFIX)))
+            files = files_in(p, record_file, error=NcclError)
             if not files:
                 raise NcclError(f"{p}: no Inspector log (*.log) or Flight Recorder dump ({FR_PREFIX}*) in it")
             out += files
@@ -45,8 +58,8 @@ def expand(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def load(paths: Iterable[str | Path], fmt: str = "auto") -> pd.DataFrame:
-    """The record table of the given files (one format for all)."""
+def load(paths: Iterable[str | Path], fmt: str = "auto", limit: FileLimit = DEFAULT_LIMIT) -> pd.DataFrame:
+    """The record table of the given files (one format for all), each read within ``limit``."""
     files = expand(paths)
     fmts = {f: (detect_format(f) if fmt == "auto" else fmt) for f in files}
     kinds = set(fmts.values())
@@ -55,11 +68,11 @@ def load(paths: Iterable[str | Path], fmt: str = "auto") -> pd.DataFrame:
     if kinds == {"inspector"}:
         raw: list[dict] = []
         for f in files:
-            raw += read_inspector(f)[0]
+            raw += read_inspector(f, limit=limit)[0]
         return inspector_records(raw)
     if kinds != {"flight-recorder"}:
         raise NcclError(f"unknown format {fmt!r}; one of inspector, flight-recorder, auto")
-    parts = [read_flight_recorder(f) for f in files]
+    parts = [read_flight_recorder(f, limit) for f in files]
     df = pd.concat(parts, ignore_index=True)
     dup = df.groupby("rank")["source"].nunique()
     if (dup > 1).any():

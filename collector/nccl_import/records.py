@@ -7,11 +7,25 @@ number, the duration (ms), the end (epoch us), the rank's own order and the host
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import pandas as pd
+
+from rankscope.times import MAX_EPOCH_MS
 
 #: Columns of the normalised record table both readers produce.
 RECORD_COLUMNS = ("source", "line", "rank", "comm", "n_ranks", "op", "sn", "ms", "end_us", "order", "host")
+
+
+#: Bounds a record's values must keep (a file from the cluster is data, and checked as such):
+#: ranks and communicator sizes below this,
+MAX_RANKS = 1 << 20
+#: sequence numbers and record ids below this,
+MAX_SEQ = 1 << 62
+#: a collective's duration at most this (ms: 11.6 days),
+MAX_DURATION_MS = 1e9
+#: and its end no later than the latest time a store holds (epoch us, 2262).
+MAX_TIME_US = MAX_EPOCH_MS * 1000
 
 
 class NcclError(ValueError):
@@ -25,13 +39,23 @@ def get_field(obj, key, where):
     return obj[key]
 
 
-def number(value, key, where, integer=False):
-    """``value`` checked to be a finite non-negative number (an integer with ``integer``)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
-        raise NcclError(f"{where}: field {key!r} must be a non-negative number, got {value!r}")
+def number(value, key, where, integer=False, most=None):
+    """``value`` checked to be a finite non-negative number (an integer with ``integer``), at
+    most ``most`` when given."""
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not (isinstance(value, int) or math.isfinite(value)) or value < 0:
+        raise NcclError(f"{where}: field {key!r} must be a non-negative number, got {_shown(value)}")
     if integer and int(value) != value:
         raise NcclError(f"{where}: field {key!r} must be an integer, got {value!r}")
+    if most is not None and value > most:
+        raise NcclError(f"{where}: field {key!r} must be at most {most:g}, got {value!r}")
     return value
+
+
+def _shown(value) -> str:
+    """``repr(value)``, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def with_members(df: pd.DataFrame) -> pd.DataFrame:
