@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from collector import nccl_import as ni
-from collector.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
-from collector.clear_errors import clear_errors
-from collector.folder_files import files_in
+from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
+from collector.untrusted.clear_errors import clear_errors
+from collector.untrusted.folder_files import files_in
 from rankscope import schema
 from rankscope.topology import Topology, TopologyError
 

@@ -11,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collector.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
-from collector.clear_errors import clear_errors
 from collector.ops_import import (
     OPTYPE_STAGES,
     REQUIRED_COLUMNS,
@@ -21,7 +19,9 @@ from collector.ops_import import (
     read_ops,
     stage_frame,
 )
-from collector.ops_values import INTEGER_COLUMNS, SECOND_COLUMNS, Refusals, checked_rows
+from collector.ops_import.values import INTEGER_COLUMNS, SECOND_COLUMNS, Refusals, checked_rows
+from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
+from collector.untrusted.clear_errors import clear_errors
 
 _MAPPING = "; ".join(f"{op} -> {stage or '(none)'}" for op, stage in OPTYPE_STAGES.items())
 _RULES = (", ".join(f"{c} an integer in 0..{most}" for c, most in INTEGER_COLUMNS.items()) + ", "

@@ -7,8 +7,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-from collector.bounded_read import FileLimit, add_limit_option
-from collector.clear_errors import clear_errors
 from collector.kineto import (
     DEFAULT_PATTERNS,
     StagePatterns,
@@ -16,6 +14,8 @@ from collector.kineto import (
     import_traces,
     read_host_map,
 )
+from collector.untrusted.bounded_read import FileLimit, add_limit_option
+from collector.untrusted.clear_errors import clear_errors
 from rankscope.schema import DEFAULT_STAGES, TRACE_STAGES, StageSet
 from rankscope.topology import Topology
 

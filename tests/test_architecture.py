@@ -111,3 +111,35 @@ def test_the_core_finds_commands_without_importing_them():
     for target in commands.values():
         module, _, func = target.partition(":")
         assert func == "register" and (ROOT / Path(*module.split("."))).with_suffix(".py").exists(), target
+
+
+#: Inside the analyzer, the data's flow (read -> detect -> score -> diagnosis -> write, with
+#: service/ running the cycle): what each hop may import of the others (docs/architecture.md).
+ANALYZER_ALLOWED = {
+    "read": set(),
+    "detect": {"config"},
+    "score": {"config", "detect"},
+    "diagnosis": {"config", "detect", "score"},
+    "job_analyzer": {"config", "detect", "score", "diagnosis"},
+    "write": {"read"},
+    "config": {"config_schema"},
+    "config_schema": set(),
+    "service": {"config", "config_schema", "read", "detect", "score", "diagnosis", "job_analyzer",
+                "write"},
+    "__init__": set(),
+}
+
+
+def _hop(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_the_analyzer_hops_point_downstream():
+    hops = {_hop(m) for m in GRAPH if m.startswith("analyzer.")}
+    assert {"read", "detect", "score", "diagnosis", "write", "service"} <= hops
+    assert hops <= set(ANALYZER_ALLOWED), f"a new hop needs its arrows: {hops - set(ANALYZER_ALLOWED)}"
+    bad = sorted(f"{src} -> {dst}" for src, dsts in GRAPH.items() if src.startswith("analyzer.")
+                 for dst in dsts if dst.startswith("analyzer.") and _hop(dst) != _hop(src)
+                 and _hop(dst) not in ANALYZER_ALLOWED[_hop(src)])
+    assert not bad, "the analyzer's hops import only upstream of the data: " + "; ".join(bad)

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from collector import nccl_import as ni
-from collector.clear_errors import clear_errors
 from collector.ops_import import OpsError, read_ops, stage_frame
-from collector.ops_values import checked_rows
+from collector.ops_import.values import checked_rows
+from collector.untrusted.clear_errors import clear_errors
 from rankscope.cli import main as cli_main
 from rankscope.store import EmbeddedStore
 from tests import nccl_records as nr

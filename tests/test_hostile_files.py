@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from collector import nccl_import as ni
-from collector.bounded_read import FileLimit, read_bounded
-from collector.folder_files import files_in
 from collector.kineto import TraceError, load_trace
 from collector.nccl_cli import Follower
-from collector.plain_unpickle import RefusedPickle, loads_plain
+from collector.untrusted.bounded_read import FileLimit, read_bounded
+from collector.untrusted.folder_files import files_in
+from collector.untrusted.plain_unpickle import RefusedPickle, loads_plain
 from rankscope.cli import main as cli_main
 from tests import nccl_records as nr
 

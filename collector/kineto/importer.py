@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from collector.bounded_read import DEFAULT_LIMIT, FileLimit
 from collector.kineto.parse import TraceError, load_trace
 from collector.kineto.rows import TraceSummary, trace_rows
 from collector.kineto.stages import StagePatterns
 from collector.kineto.summarise import summarise_trace
+from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit
 from rankscope import schema
 from rankscope.topology import Topology, TopologyError
 

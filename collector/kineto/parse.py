@@ -5,7 +5,7 @@
 forward/backward flows; nothing is named or timed here. Every event's fields are checked
 (:mod:`~collector.kineto.event_fields`): an event that fails is refused and counted
 (``ParsedTrace.refused``), the others kept. :func:`load_trace` reads a file within a
-:class:`~collector.bounded_read.FileLimit`, gunzipping it as a stream.
+:class:`~collector.untrusted.bounded_read.FileLimit`, gunzipping it as a stream.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import collector.kineto.event_fields as ef
-from collector.bounded_read import DEFAULT_LIMIT, MB, FileLimit, open_bounded, read_bounded
+from collector.untrusted.bounded_read import (
+    DEFAULT_LIMIT,
+    MB,
+    FileLimit,
+    open_bounded,
+    read_bounded,
+)
 from rankscope.topology import parse_ranks
 
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

@@ -14,7 +14,7 @@ and each entry has ``record_id``, ``pg_id``, ``process_group`` (``[name, desc]``
 ``time_discovered_started_ns``, ``time_discovered_completed_ns``, ``input_sizes``, ...
 The rank is the file name's number after its prefix, as ``loader.read_dump`` takes it.
 
-A pickled dump is read by :func:`collector.plain_unpickle.loads_plain`: plain data only, any
+A pickled dump is read by :func:`collector.untrusted.plain_unpickle.loads_plain`: plain data only, any
 global refused by name (``pickle.loads`` would run what a crafted dump names), and every
 value is checked (finite, in range) before it becomes a record.
 
@@ -32,7 +32,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from collector.bounded_read import DEFAULT_LIMIT, FileLimit, read_bounded
 from collector.nccl_import.records import (
     MAX_DURATION_MS,
     MAX_RANKS,
@@ -43,7 +42,8 @@ from collector.nccl_import.records import (
     get_field,
     number,
 )
-from collector.plain_unpickle import RefusedPickle, loads_plain
+from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit, read_bounded
+from collector.untrusted.plain_unpickle import RefusedPickle, loads_plain
 
 #: Flight Recorder ``profiling_name`` (after ``nccl:``) -> operation, first match wins.
 _FR_OPS = (("all_to_all", "all_to_all"), ("alltoall", "all_to_all"), ("reduce_scatter", "reduce_scatter"),

@@ -41,7 +41,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from collector.bounded_read import DEFAULT_LIMIT, FileLimit, open_bounded
 from collector.nccl_import.records import (
     MAX_DURATION_MS,
     MAX_RANKS,
@@ -52,6 +51,7 @@ from collector.nccl_import.records import (
     number,
     with_members,
 )
+from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit, open_bounded
 
 #: Inspector ``coll`` -> operation.
 INSPECTOR_OPS = {"AllGather": "all_gather", "AllReduce": "all_reduce", "Broadcast": "broadcast",

@@ -1,7 +1,7 @@
 """Step 1, parse: files and directories -> the record table (one format for all of them).
 
-Every file is read within a :class:`~collector.bounded_read.FileLimit`; a directory gives its
-files, never a symlink out of it (:func:`collector.folder_files.files_in`)."""
+Every file is read within a :class:`~collector.untrusted.bounded_read.FileLimit`; a directory gives its
+files, never a symlink out of it (:func:`collector.untrusted.folder_files.files_in`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from collector.bounded_read import DEFAULT_LIMIT, FileLimit
-from collector.folder_files import files_in
 from collector.nccl_import.flight_recorder import FR_PREFIX, read_flight_recorder
 from collector.nccl_import.inspector import inspector_records, read_inspector
 from collector.nccl_import.records import NcclError, with_members
+from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit
+from collector.untrusted.folder_files import files_in
 
 
 def detect_format(path: Path) -> str:

@@ -24,7 +24,7 @@ every moment (:attr:`WriterStats.balanced`). A batch whose write timed out is re
 as it is: rewriting a point with the same measurement, tags and timestamp replaces it in
 InfluxDB, so a batch applied late and written again is stored once, and counted written
 once. Drops are reported once a write succeeds again: a warning in the log and an
-``event`` point (:mod:`collector.drop_report`), with ``value`` = real drops only.
+``event`` point (:mod:`collector.writer.drop_report`), with ``value`` = real drops only.
 
 Give the writer a store without retries of its own (e.g.
 ``InfluxStore(url, retries=0, timeout_s=5)``): the writer does the retrying.
@@ -41,8 +41,8 @@ from typing import Any
 
 import pandas as pd
 
-from collector.drop_report import DROP_EVENT, REPORT_TAGS, DropReport, drop_report
-from collector.write_fate import Fate, classify
+from collector.writer.drop_report import DROP_EVENT, REPORT_TAGS, DropReport, drop_report
+from collector.writer.write_fate import Fate, classify
 from rankscope import schema
 from rankscope.store import RejectedPointsError, Store, open_store
 

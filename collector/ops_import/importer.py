@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from collector.bounded_read import DEFAULT_LIMIT, MB, FileLimit, open_bounded
+from collector.untrusted.bounded_read import DEFAULT_LIMIT, MB, FileLimit, open_bounded
 from rankscope.stage_rows import stage_rows
 from rankscope.times import MAX_EPOCH_MS
 from rankscope.topology import Topology, TopologyError
