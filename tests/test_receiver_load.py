@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from events.http_handler import LISTEN_BACKLOG
 from events.receiver import EventReceiver, ReceiverConfig
 from events.rows import EventRow
@@ -17,6 +19,7 @@ from tests.receiver_load import CLIENTS, POSTS, basic_auth, run_load
 USER, PASSWORD = "alertmanager", "load-test-password"
 
 
+@pytest.mark.faults
 def test_500_posts_from_20_clients_none_refused_each_stored_once(influx_store):
     receiver = EventReceiver(influx_store, ("127.0.0.1", 0),
                              ReceiverConfig(user=USER, password=PASSWORD)).start()

@@ -16,6 +16,8 @@ import pytest
 from collector.writer import DROP_EVENT, BackgroundWriter, WriterStats
 from rankscope.store import InfluxStore
 
+pytestmark = pytest.mark.faults
+
 
 def point(it: int) -> dict:
     return {"time": 1_790_000_000_000 + it * 1000, "job": "w", "rank": 5, "pp": 0, "dp": 5,

@@ -16,8 +16,12 @@ only to find *which* points are new; an iteration is identified by ``job`` + the
   first iteration's points may be only those of the hosts whose clocks run behind;
 - iterations are handed on in order; rows of an iteration already handed on are late and
   are counted once, not used (the iteration was judged without them); a row read again
-  (reads overlap by a margin, for late writers) is not late. Iterations before a reader's
-  start (:meth:`skip_through`) are ignored, not late.
+  (reads overlap by a margin, for late writers, and a failed cycle's reads are read again)
+  is not late. The ranks each recent iteration went on with tell a late row from a re-read
+  one; for older iterations only a row newer than every row added before can be new, so a
+  re-read is never counted (a late row stamped before the newest point read, of an
+  iteration no longer remembered, goes uncounted). Iterations before a reader's start
+  (:meth:`skip_through`) are ignored, not late.
 
 ``wait_ms`` bounds how long a missing point is waited for. It must exceed the host clocks'
 spread plus the writers' flush interval, or points of skewed hosts are counted missing.
@@ -75,6 +79,7 @@ class IterationAssembler:
         self._ranks = np.empty(0, dtype=np.int64)   # every rank ever seen (sorted)
         self._handed: dict[int, np.ndarray] = {}     # recent iterations handed on: their ranks
         self._skip = -1                              # iterations up to this are not ours
+        self._seen_ms: int | None = None             # the newest row time added: older rows may be re-reads
 
     def skip_through(self, iteration: int) -> None:
         """Ignore iterations up to ``iteration`` (a reader starting inside the data: its oldest
@@ -93,28 +98,37 @@ class IterationAssembler:
             return
         self._ranks = np.union1d(self._ranks, frame["rank"].to_numpy(dtype=np.int64))
         it = frame[IT].to_numpy(dtype=np.int64)
+        times = frame["time"].to_numpy(dtype=np.int64)
+        seen, self._seen_ms = self._seen_ms, int(times.max()) if self._seen_ms is None else max(
+            self._seen_ms, int(times.max()))
         late = it <= self.last_iteration
         if late.any():
-            self._count_late(frame.loc[late & (it > self._skip)])
+            ours = late & (it > self._skip)
+            fresh = np.ones(len(frame), dtype=bool) if seen is None else times > seen
+            self._count_late(frame.loc[ours], fresh[ours])
             frame = frame.loc[~late]
         if not len(frame):
             return
         rows = frame if self._rows is None else pd.concat([self._rows, frame], ignore_index=True)
         self._rows = rows.drop_duplicates([IT, "rank"], keep="last").reset_index(drop=True)
 
-    def _count_late(self, late: pd.DataFrame) -> None:
-        """Count the rows of iterations handed on that were not there when they were."""
+    def _count_late(self, late: pd.DataFrame, fresh: np.ndarray) -> None:
+        """Count the rows of iterations handed on that were not there when they were, each
+        once: a rank an iteration did not go on with (then remembered with it), or, for an
+        iteration no longer remembered, a ``fresh`` row (newer than every row added before)."""
         if not len(late):
             return
         its = late[IT].to_numpy(dtype=np.int64)
         ranks = late["rank"].to_numpy(dtype=np.int64)
         for i in np.unique(its):
-            r = np.unique(ranks[its == i])
             had = self._handed.get(int(i))
-            new = r if had is None else r[~np.isin(r, had)]
+            if had is None:
+                self.counts.late_rows += len(np.unique(ranks[(its == i) & fresh]))
+                continue
+            r = np.unique(ranks[its == i])
+            new = r[~np.isin(r, had)]
             self.counts.late_rows += len(new)
-            if had is not None:
-                self._handed[int(i)] = np.union1d(had, new)
+            self._handed[int(i)] = np.union1d(had, new)
 
     def pending_iterations(self) -> list[int]:
         """Iterations held, oldest first."""

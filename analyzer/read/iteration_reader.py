@@ -13,7 +13,10 @@ iterations by their ``iteration`` field:
    once every rank reported or after a bounded wait;
 3. **the cursor**: the newest point read. Each cycle reads again from
    :data:`LATE_MARGIN_MS` before it, so points written late are read too (the assembler
-   tells a re-read row from a late one);
+   tells a re-read row from a late one). A cycle whose outputs could not be stored takes it
+   back (:meth:`~IterationReader.rewind`): the next cycle reads again from where the failed
+   one began, and a chunk handed on that the cycle never took (it failed first) is handed
+   on again, first;
 4. **the first read**: a job never analyzed is read from its first point; a job analyzed
    before (a restarted analyzer) from its last ``history`` iterations, a replay that warms
    the detectors up. Such a read starts inside the data: its oldest iteration may be
@@ -88,6 +91,8 @@ class IterationReader:
         self._cut = False
         self._informed: object | None = None   # whom this cycle's events went to
         self._late_logged = 0
+        self._began: int | None = None       # read_until when this cycle began (rewind)
+        self._held: pd.DataFrame | None = None   # a chunk handed on, not yet taken
 
     @property
     def counts(self) -> AssemblyCounts:
@@ -101,6 +106,7 @@ class IterationReader:
         it was analyzed before, from its last ``history`` iterations."""
         self.assembler.wait_ms = int(wait_ms)
         self.read_s, self._cut, self._informed = 0.0, False, None
+        self._began = self.read_until
         if self.read_until is not None:
             self.cursor = self.read_until - LATE_MARGIN_MS
             return
@@ -113,6 +119,12 @@ class IterationReader:
             self.cursor, self._cut = times[-1] - 1, True
             self.replay = Replay(self.cursor, analyzed[0])
 
+    def rewind(self) -> None:
+        """This cycle's outputs were not stored: the cursor goes back to where the cycle began,
+        so the next one reads it all again (rows of iterations handed on are neither handed
+        on again nor counted late)."""
+        self.read_until = self._began
+
     def analyzed(self, ranks: int, last_iteration: int, world: int) -> None:
         """What the job's analyzer now knows: the ranks that reported (an iteration is whole
         with them), the newest iteration it analyzed, the job's size."""
@@ -124,7 +136,11 @@ class IterationReader:
     def chunks(self, final: bool = False, clock: Callable[[], float] | None = None) -> Iterator[pd.DataFrame]:
         """The iterations that became ready, one frame per read that made some ready, oldest
         first. The wall ``clock`` (s) counts once everything is read (a job that hangs);
-        ``final`` then hands on what is held, a possibly incomplete last iteration too."""
+        ``final`` then hands on what is held, a possibly incomplete last iteration too. A chunk
+        counts as taken when the caller asks for the next one: one a failed cycle did not
+        take is handed on first by the next."""
+        if self._held is not None:
+            yield from self._hand(self._held)
         tail = False
         while not tail:
             t0 = time.perf_counter()
@@ -143,7 +159,13 @@ class IterationReader:
             now = int(clock() * 1000) if tail and clock is not None else None
             ready = self.assembler.ready(self.expected, now, final and tail)
             if len(ready):
-                yield ready
+                yield from self._hand(ready)
+
+    def _hand(self, ready: pd.DataFrame) -> Iterator[pd.DataFrame]:
+        """Hand ``ready`` on, held until the caller comes back for more."""
+        self._held = ready
+        yield ready
+        self._held = None
 
     def _take(self, frame: pd.DataFrame, ends: list[int]) -> None:
         """Move the cursor past a read and hand its rows to the assembler."""
@@ -160,11 +182,12 @@ class IterationReader:
         self.assembler.last_iteration = max(self.assembler.last_iteration, self._analyzed)
         self.assembler.add(frame)
 
-    def before_replay(self, since_ms: int) -> Iterator[pd.DataFrame]:
+    def before_replay(self, since_ms: int, world: int | None = None) -> Iterator[pd.DataFrame]:
         """A restarted analyzer's iterations from ``since_ms`` up to its replay: those its
         predecessor analyzed (through the replay's first, partial iteration, or, when the job
         ran on while no analyzer did, up to the predecessor's newest), which share rollup
-        windows with the replayed ones. Nothing for an analyzer that replays no history."""
+        windows with the replayed ones (``world``: the job's ranks, to size the reads).
+        Nothing for an analyzer that replays no history."""
         rp = self.replay
         if rp is None or rp.skipped is None:
             return
@@ -174,7 +197,7 @@ class IterationReader:
         # a margin on both sides: the iterations at the range's edges are read whole
         older = IterationReader(self.store, self.job, self.chunk, self.max_read_rows, self.assembler.wait_ms,
                                 since_ms=since_ms - LATE_MARGIN_MS, until_ms=end + LATE_MARGIN_MS)
-        older.world = self.world
+        older.world = world or self.world
         for frame in older.chunks(final=True):
             its = frame[IT].to_numpy()
             stamped = frame.groupby(IT)["time"].transform("max").to_numpy()   # the iteration's time

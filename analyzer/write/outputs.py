@@ -6,11 +6,12 @@
   with the ``rollup_host_5m`` / ``rollup_host_1h`` windows closed meanwhile
   (:mod:`analyzer.write.window_rollups`, made in memory). Points a failed write left are
   written with the next.
-- :class:`CycleOutputs` (one cycle): the ``l1_changepoint``, ``l2_group``, ``l2_rank``,
-  ``job_health``, ``incident`` and ``incident_host`` points of what the cycle analyzed.
+- :class:`CycleOutputs` (one cycle, kept until stored): the ``l1_changepoint``,
+  ``l2_group``, ``l2_rank``, ``job_health``, ``incident`` and ``incident_host`` points of
+  what the cycle analyzed, ``l2_group`` last.
 
-Every point is keyed by time and tags, so writing the same iterations again writes the same
-points.
+Every point is keyed by time and tags, none by the wall clock or a counter of attempts, so
+writing the same iterations again writes the same points.
 """
 
 from __future__ import annotations
@@ -42,10 +43,18 @@ class JobRollups:
 
     def resume(self, store: Store, first_ms: int, analyzed_ms: int) -> int:
         """A restarted analyzer's windows, from the first iteration it replays and the newest
-        its predecessor analyzed: they start at the latest window stored (the time of it is the
-        one thing read); returns from when the predecessor's iterations are wanted for them."""
-        stored = store.latest_times(schema.ROLLUP_HOST_WINDOW, self.job, 1)
-        return self.windows.begin(first_ms, stored[0] if stored else None, analyzed_ms)
+        its predecessor analyzed. One bounded read: the ``rollup_host_5m`` points stored from
+        the hour of the replay's first window, or of the oldest window the predecessor may
+        have left open (one that had not closed by its newest iteration), whichever is older:
+        a few hours of windows at most, never raw points. Returns from when the
+        predecessor's iterations are wanted for the windows it left open: the end of its
+        latest stored window (the read's start when it stored none there)."""
+        w = self.windows.window_ms
+        oldest = min(first_ms, analyzed_ms - self.windows.settle_ms - 2 * w)
+        since = oldest // self.windows.hour_ms * self.windows.hour_ms
+        stored = store.read(schema.ROLLUP_HOST_WINDOW, self.job, start_ms=since)
+        after = self.windows.begin(first_ms, stored, analyzed_ms)
+        return since if after is None else after
 
     def add(self, topo: Topology, cube: LatencyCube, write: bool = True) -> None:
         """The rollups of the iterations of ``cube`` (``write=False``: only for the windows,
@@ -78,11 +87,17 @@ class JobRollups:
 
 @dataclass
 class CycleOutputs:
-    """What one cycle found for a job: change points, incidents that changed, iterations."""
+    """What one cycle found for a job: change points, incidents that changed, iterations; and,
+    once it analyzed all it read, the analyzer's ``l2_group`` / ``l2_rank`` frames and
+    ``job_health`` row then (:meth:`analyzed`). Kept until stored: a cycle that failed before
+    it analyzed all it read leaves them to the next cycle, which adds its own; one that failed
+    to store them has them stored, as they are, before the next cycle reads anything."""
 
     changepoints: list = field(default_factory=list)
     incidents: dict[str, Incident] = field(default_factory=dict)
     iterations: int = 0
+    l2: tuple[pd.DataFrame, pd.DataFrame] | None = None
+    health: dict | None = None
 
     def add(self, result) -> None:
         """A :class:`~analyzer.job_analyzer.FeedResult`."""
@@ -91,16 +106,30 @@ class CycleOutputs:
             self.incidents[inc.id] = inc
         self.iterations += len(result.iterations)
 
-    def write(self, store: Store, l2: tuple[pd.DataFrame, pd.DataFrame], health: dict) -> None:
-        """``l1_changepoint``, the ``l2_group`` / ``l2_rank`` frames, the ``job_health`` row,
-        ``incident`` and ``incident_host``."""
+    def analyzed(self, l2: tuple[pd.DataFrame, pd.DataFrame], health: dict) -> None:
+        """The analyzer's state once the cycle analyzed all it read."""
+        self.l2, self.health = l2, health
+
+    @property
+    def complete(self) -> bool:
+        """The cycle analyzed all it read: these are its outputs, whole."""
+        return self.health is not None
+
+    def write(self, store: Store) -> None:
+        """``l1_changepoint``, ``incident`` and ``incident_host``, the ``l2_rank`` frame, the
+        ``job_health`` row and the ``l2_group`` frame last: a restarted analyzer takes the
+        newest ``l2_group`` point for what was analyzed and stored (the cycle stores its
+        rollups before these). Each is keyed by time and tags: written again, the same points."""
         if self.changepoints:
             store.write_measurement(schema.L1_CHANGEPOINT, pd.DataFrame([c.to_row() for c in self.changepoints]))
-        for name, frame in zip((schema.L2_GROUP, schema.L2_RANK), l2, strict=True):
-            if len(frame):
-                store.write_measurement(name, frame)
-        store.write_measurement(schema.JOB_HEALTH, pd.DataFrame([health]))
         if self.incidents:
             incidents = list(self.incidents.values())
             store.write_measurement(schema.INCIDENT, incidents_frame(incidents))
             store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(incidents))
+        group, rank = self.l2 if self.l2 is not None else (pd.DataFrame(), pd.DataFrame())
+        if len(rank):
+            store.write_measurement(schema.L2_RANK, rank)
+        if self.health is not None:
+            store.write_measurement(schema.JOB_HEALTH, pd.DataFrame([self.health]))
+        if len(group):
+            store.write_measurement(schema.L2_GROUP, group)

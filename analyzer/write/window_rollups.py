@@ -18,11 +18,15 @@ already (an iteration stamped more than the margin before one analyzed earlier) 
 left out with a warning; ``rankscope rollup`` writes that window again from the stored
 points.
 
-A restarted analyzer replays only the last iterations: :meth:`WindowRollups.begin` says
-from when it needs its predecessor's rows too (the start of the hour of the first window
-to write), and the windows its predecessor stored (up to the latest stored one, an open
-one a final cycle wrote too) count for their hours as it stored them (its rows, up to
-the newest iteration it analyzed) until they are written again.
+A restarted analyzer replays only the last iterations. :meth:`WindowRollups.begin` takes
+the windows its predecessor stored (read once, from the hour of the first window to write)
+and the newest iteration it analyzed: a stored window counts for its hour as stored; one
+that starts before the replay's first iteration is that point plus the rows newer than
+what the predecessor analyzed (the mean weighted by iterations, as an hour is made); the
+others are made from the replayed rows. It returns from when the predecessor's rows are
+still wanted: after its latest stored window (the predecessor stored every window closed
+by its newest iteration before it stored that iteration's analysis, so only the windows
+it had open remain, and only when the replay starts after them).
 """
 
 from __future__ import annotations
@@ -51,17 +55,26 @@ class WindowRollups:
         self._written: dict[int, pd.DataFrame] = {}      # window start -> its stored rollup_host_5m points
         self._first: int | None = None          # the oldest row added since the last close
         self._kept_from: int | None = None      # windows before this are forgotten
-        self._stored: int | None = None         # the predecessor's latest window (until the first close)
-        self._analyzed: int | None = None       # ... and the newest iteration it analyzed
+        self._base: dict[int, pd.DataFrame] = {}   # window start -> a predecessor's point, its rows up to
+        self._analyzed: int | None = None       # ... the newest iteration it analyzed
         self._left_out = 0
 
-    def begin(self, first_ms: int, stored_ms: int | None, analyzed_ms: int | None = None) -> int:
-        """Start with the first iteration processed and, after a restart, the latest window
-        stored and the newest iteration its predecessor analyzed; returns from when rows are
-        wanted: the hour of the first window to write, whose other windows count for it."""
-        self.done = first_ms if stored_ms is None else min(first_ms, stored_ms)
-        self._stored, self._analyzed = stored_ms, analyzed_ms
-        return self.done // self.hour_ms * self.hour_ms
+    def begin(self, first_ms: int, stored: pd.DataFrame | None = None, analyzed_ms: int | None = None) -> int | None:
+        """Start with the first iteration processed and, after a restart, the ``rollup_host_5m``
+        points its predecessor ``stored`` (from the hour of the first window to write on) and
+        the newest iteration it analyzed; returns the end of the latest stored window (None:
+        none), after which the predecessor's rows are wanted."""
+        latest = None
+        if stored is not None and len(stored):
+            for start, points in stored.groupby("time", sort=True):
+                window = points.reset_index(drop=True)
+                self._written[int(start)] = window
+                if start < first_ms:   # the replay holds only part of its rows
+                    self._base[int(start)] = window
+            latest = int(stored["time"].max())
+        self.done = first_ms if latest is None else min(first_ms, latest)
+        self._analyzed = analyzed_ms
+        return None if latest is None else latest + self.window_ms
 
     def add(self, host: pd.DataFrame) -> None:
         """``rollup_host`` rows of processed iterations (any windows, any order)."""
@@ -88,14 +101,8 @@ class WindowRollups:
         if self.done is None:
             if self._first is None:
                 return {}
-            self.begin(self._first, None)
+            self.begin(self._first)
         w = self.window_ms
-        if self._stored is not None:   # the predecessor's windows count for their hours as it stored them
-            for start in [s for s in self._rows if s <= self._stored]:
-                window = self._window(start, self._analyzed)
-                if len(window):
-                    self._written[start] = window
-            self._stored = None
         since = self.done if self._first is None else min(self.done, self._first)
         last_end = window_span(last_ms, last_ms, w)[1]   # no window after the newest iteration's
         newest = min(last_ms if now_ms is None else max(last_ms, now_ms), last_end + self.settle_ms)
@@ -118,15 +125,19 @@ class WindowRollups:
         out[schema.ROLLUP_HOST_HOUR] = window_rollup(_concat(held), self.hour_ms) if held else pd.DataFrame()
         return out
 
-    def _window(self, start: int, through_ms: int | None = None) -> pd.DataFrame:
-        """A window's ``rollup_host_5m`` points from its rows (those up to ``through_ms``), as a
-        read of them would give them: by time, a point written twice (same time and series)
-        once, the later."""
+    def _window(self, start: int) -> pd.DataFrame:
+        """A window's ``rollup_host_5m`` points from its rows, as a read of them would give them:
+        by time, a point written twice (same time and series) once, the later; with a
+        predecessor's point of it, that point and the rows newer than what it analyzed."""
         rows = pd.concat(self._rows[start], ignore_index=True).sort_values("time", kind="stable")
-        if through_ms is not None:
-            rows = rows[rows["time"].to_numpy() <= through_ms]
+        base = self._base.get(start)
+        if base is not None and self._analyzed is not None:
+            rows = rows[rows["time"].to_numpy() > self._analyzed]
         keys = ["time", *[k for k in _SERIES if k in rows.columns]]
-        return window_rollup(rows.drop_duplicates(keys, keep="last").reset_index(drop=True), self.window_ms)
+        window = window_rollup(rows.drop_duplicates(keys, keep="last").reset_index(drop=True), self.window_ms)
+        if base is None or not len(window):
+            return window if base is None else base
+        return window_rollup(pd.concat([base, window], ignore_index=True), self.window_ms)
 
     def _forget(self, horizon_ms: int) -> None:
         """Drop the rows of windows closed and ending by ``horizon_ms``, and the points of the
@@ -135,6 +146,8 @@ class WindowRollups:
         self._kept_from = max(self._kept_from or horizon_ms // w * w, horizon_ms // w * w)
         for s in [s for s in self._rows if s < self._kept_from]:
             del self._rows[s]
+        for s in [s for s in self._base if s < self._kept_from]:
+            del self._base[s]
         hour = self._kept_from // self.hour_ms * self.hour_ms
         for s in [s for s in self._written if s < hour]:
             del self._written[s]

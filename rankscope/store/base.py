@@ -222,7 +222,11 @@ class Store(ABC):
         """A job's ``stage_latency`` window: rows (iteration, rank), columns tags + stages.
 
         ``last_iterations`` selects the most recent N iterations (by timestamp)
-        instead of, or inside, the time range.
+        instead of, or inside, the time range. Rows without an ``iteration`` are left out:
+        InfluxDB shows a point's fields one by one while it stores it, so a read racing a
+        write sees points with some fields yet missing (a reader that reads again from a
+        margin before its newest point, as the analyzer does, gets them whole), and a point
+        written without one cannot be placed.
         """
         if last_iterations is not None:
             if last_iterations < 1:
@@ -232,7 +236,11 @@ class Store(ABC):
                 return pd.DataFrame()
             start_ms = max(start_ms or times[-1], times[-1])
         df = self.read(schema.STAGE_LATENCY, job, start_ms, end_ms)
-        if len(df) and schema.ITERATION_FIELD in df.columns:
+        if len(df) and schema.ITERATION_FIELD not in df.columns:
+            return df.iloc[:0]
+        if len(df):
+            if df[schema.ITERATION_FIELD].isna().any():
+                df = df.loc[df[schema.ITERATION_FIELD].notna()].copy()
             df[schema.ITERATION_FIELD] = df[schema.ITERATION_FIELD].astype(np.int64)
             df = df.sort_values(["time", "rank"], kind="stable").reset_index(drop=True)
         return df
