@@ -11,7 +11,7 @@ TORCH_VERSION := 2.13.0
 # that comes after torch's, so that no package can replace it.
 TORCH_PIN := $(VENV)/torch-constraint.txt
 
-.PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager prometheus clean torch-demo
+.PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager prometheus node-exporter clean torch-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ alertmanager:
 prometheus:
 	$(call apt_install,prometheus,prometheus)
 
+# ... and node_exporter serving NCCL Inspector's .prom files to it with its textfile collector, as
+# clusters run it (Debian's `prometheus-node-exporter`, v1.5, which installs /usr/bin/prometheus-node-exporter).
+node-exporter:
+	$(call apt_install,prometheus-node-exporter node_exporter,prometheus-node-exporter)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -71,7 +76,7 @@ lint: $(STAMP)
 # compute-slowdown built-in) on one worker together: tests/conftest.py.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) $(TORCH) influxdb chromium alertmanager prometheus lint
+test: $(STAMP) $(TORCH) influxdb chromium alertmanager prometheus node-exporter lint
 	$(VENV)/bin/rankscope dashboards check
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

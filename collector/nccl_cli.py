@@ -12,15 +12,54 @@ from pathlib import Path
 import pandas as pd
 
 from collector import nccl_import as ni
+from collector import nccl_prom_cli as prom
 from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
 from collector.untrusted.clear_errors import clear_errors
 from collector.untrusted.folder_files import files_in
 from rankscope import schema
 from rankscope.topology import Topology, TopologyError
 
+#: Exit status when points were written but some file was refused.
+REFUSED = 3
+
 
 def _wrap(text: str) -> str:
     return "\n\n".join(textwrap.fill(par, 90, break_on_hyphens=False) for par in text.split("\n\n"))
+
+
+#: The command's --help text.
+DESCRIPTION = (
+    "Read the collective timings NCCL's Inspector profiler plugin (NCCL_PROFILER_PLUGIN, "
+    "NCCL_INSPECTOR_ENABLE=1: <dir>/<host>-pid<pid>.log, one JSON record per collective per "
+    "communicator) or PyTorch's Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE, "
+    "NCCL or gloo: nccl_trace_rank_<rank> dumps, pickle or JSON) write, and "
+    "write one stage_latency point per rank per iteration: each communication stage the "
+    "iteration's total of its collectives (ms).\n\n"
+    "Flight Recorder without TORCH_NCCL_ENABLE_TIMING=1 (PyTorch's default; gloo always) has "
+    "no durations: each collective is then timed by who arrives last (time_created_ns), a "
+    "rank's time being its wait for the last member. Ranks of one host are compared "
+    "exactly; across hosts a wait counts only beyond --clock-skew-ms. A dump's host is what "
+    "its file name holds before the prefix (<host>.nccl_trace_rank_<rank>); a rank of "
+    "unknown host is compared with every other as across hosts.\n\n"
+    "A communicator's kind comes from its members against the job's layout (--tp/--pp/--dp/"
+    "--ep, default pure DP): all-to-alls on EP groups are dispatch/combine, sends and receives "
+    "pp_send/pp_recv, reduce-scatters and all-reduces on DP groups reduce_scatter, all-gathers "
+    "all_gather, the rest comm_other.\n\n" + prom.DESCRIPTION +
+    "Iterations: the anchor communicator (--anchor, default the one with the most members) "
+    "runs --per-iteration collectives per iteration; its last one ends the iteration, and "
+    "every other collective of a rank belongs to the iteration of the next anchor collective "
+    "of that rank. Point times are the ranks' own clocks.\n\n"
+    "Files are data: a pickled dump is read as plain data (any code it names is refused by "
+    "name), every file within --max-file-mb, every value checked (a bad record refuses its "
+    "file, naming the file, the record and the field, and counting the others: a record "
+    "left out would move collectives into another iteration). A symlink in a given directory "
+    "that points outside it is refused by name.\n\n"
+    "What is good is kept: an empty file, or one still being written (a dump cut short, a "
+    "log's last line without its newline), is skipped with a warning; a file that cannot be "
+    "read (a bad record, not a record file, over --max-file-mb) is refused, named on stderr, "
+    "and the others are imported.\n\n"
+    "Exit status: 0 every file imported (skipped ones warned about); 3 points written, but "
+    "some file(s) refused; 1 nothing imported (or the import failed); 2 bad arguments.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,30 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import-nccl", help="import NCCL Inspector logs or Flight Recorder dumps (collective timings) as stage latencies",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=_wrap(
-            "Read the collective timings NCCL's Inspector profiler plugin (NCCL_PROFILER_PLUGIN, "
-            "NCCL_INSPECTOR_ENABLE=1: <dir>/<host>-pid<pid>.log, one JSON record per collective per "
-            "communicator) or PyTorch's Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE, "
-            "TORCH_NCCL_ENABLE_TIMING=1: nccl_trace_rank_<rank> dumps, pickle or JSON) write, and "
-            "write one stage_latency point per rank per iteration: each communication stage the "
-            "iteration's total of its collectives (ms).\n\n"
-            "A communicator's kind comes from its members against the job's layout (--tp/--pp/--dp/"
-            "--ep, default pure DP): all-to-alls on EP groups are dispatch/combine, sends and receives "
-            "pp_send/pp_recv, reduce-scatters and all-reduces on DP groups reduce_scatter, all-gathers "
-            "all_gather, the rest comm_other.\n\n"
-            "Iterations: the anchor communicator (--anchor, default the one with the most members) "
-            "runs --per-iteration collectives per iteration; its last one ends the iteration, and "
-            "every other collective of a rank belongs to the iteration of the next anchor collective "
-            "of that rank. Point times are the ranks' own clocks.\n\n"
-            "Files are data: a pickled dump is read as plain data (any code it names is refused by "
-            "name), every file within --max-file-mb, every value checked (a bad record refuses the "
-            "import, naming the file, the record and the field, and counting the others: a record "
-            "left out would move collectives into another iteration). A symlink in a given directory "
-            "that points outside it is refused by name."))
+        description=_wrap(DESCRIPTION))
     add_store_options(p)
-    p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="Inspector logs / Flight Recorder dumps, or directories of them")
+    p.add_argument("paths", nargs="*", metavar="FILE_OR_DIR", help="Inspector logs or .prom files, Flight Recorder dumps, or directories of them")
     p.add_argument("--job", required=True, help="job name the points are tagged with")
-    p.add_argument("--format", choices=("inspector", "flight-recorder", "auto"), default="auto",
+    p.add_argument("--format", choices=("inspector", "flight-recorder", prom.FORMAT, "auto"), default="auto",
                    help="record format (default: from each file's name and first bytes)")
     p.add_argument("--per-iteration", type=int, default=1, metavar="N",
                    help="collectives the anchor communicator runs per iteration (default 1)")
@@ -60,6 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="communicator id (Inspector header.id) or process group name (Flight Recorder) "
                         "whose collectives delimit iterations (default: the one with the most members)")
     p.add_argument("--iteration-offset", type=int, default=0, help="added to the iteration numbers (default 0)")
+    p.add_argument("--clock-skew-ms", type=float, default=ni.CLOCK_SKEW_MS, metavar="MS",
+                   help="bound on the hosts' clock skew, for Flight Recorder dumps without durations: a "
+                        "rank's wait for a member on another host counts only beyond it "
+                        f"(default {ni.CLOCK_SKEW_MS:g}: NTP on a data-centre network; 0 with PTP)")
     for dim in ("tp", "pp", "dp", "ep"):
         p.add_argument(f"--{dim}", type=int, default=None, help=f"{dim.upper()} size of the job")
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8, or the world if smaller)")
@@ -69,11 +93,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads with --follow (default 1)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop following after this long")
     add_limit_option(p)
+    prom.add_options(p)
     p.set_defaults(func=run)
 
 
 def topology(args: argparse.Namespace, records: pd.DataFrame) -> Topology:
-    world = int(records["rank"].max()) + 1
+    world = ni.world_of(records)
     tp, pp, ep = args.tp or 1, args.pp or 1, args.ep or 1
     dp = args.dp or max(1, world // (tp * pp))
     if tp * pp * dp != world:
@@ -85,7 +110,7 @@ def topology(args: argparse.Namespace, records: pd.DataFrame) -> Topology:
         raise ni.NcclError(f"the layout does not fit: {exc}") from None
 
 
-def _summary(imp: ni.NcclImport, frame: pd.DataFrame, what: str) -> str:
+def _summary(imp: ni.NcclImport, frame: pd.DataFrame, what: str, timing: ni.Timing | None = None) -> str:
     t = imp.topology
     stages = [c for c in frame.columns if c in schema.KNOWN_STAGES.names]
     kinds = ", ".join(f"{c} {k}" for c, k in sorted(imp.kinds.items()))
@@ -93,6 +118,8 @@ def _summary(imp: ni.NcclImport, frame: pd.DataFrame, what: str) -> str:
            if len(frame) else "no iteration")
     text = (f"{what} {len(frame)} point(s): {t.world} rank(s) (tp {t.tp} x pp {t.pp} x dp {t.dp}, ep {t.ep}), "
             f"{its}, stages {', '.join(stages)}; anchor {imp.anchor}; communicators: {kinds}")
+    if timing is not None:
+        text += f"; {timing.describe()}"
     if imp.missing:
         text += ("; records missing (sequence-number gaps; shorten NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_"
                  "MICROSECONDS): " + ", ".join(f"{c} {n}" for c, n in sorted(imp.missing.items())))
@@ -103,14 +130,28 @@ def _summary(imp: ni.NcclImport, frame: pd.DataFrame, what: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from rankscope.store import open_store
 
+    if prom.wanted(args):
+        return REFUSED if prom.run(args, topology, _summary) else 0
+    if not args.paths:
+        raise ni.NcclError("nothing to import: give Inspector logs, Flight Recorder dumps or directories of "
+                           "them, or --prometheus URL")
     if args.follow:
         return follow(args)
-    records = ni.load(args.paths, args.format, FileLimit.mb(args.max_file_mb))
+    loaded = ni.read_files(args.paths, args.format, FileLimit.mb(args.max_file_mb), args.clock_skew_ms)
+    for text in loaded.skipped:
+        print(f"rankscope import-nccl: warning: {text}", file=sys.stderr)
+    for text in loaded.refused:
+        print(f"rankscope import-nccl: refused: {text}", file=sys.stderr)
+    records = loaded.records
     imp = ni.stage_frame(records, args.job, topology(args, records), args.per_iteration, args.anchor,
                          iteration_offset=args.iteration_offset)
     with open_store(args.store, args.bucket) as store:
         store.write_stage_latency(imp.frame)
-    print(_summary(imp, imp.frame, "imported"), file=sys.stdout)
+    print(_summary(imp, imp.frame, "imported", loaded.timing), file=sys.stdout)
+    if loaded.refused:
+        print(f"rankscope import-nccl: {len(loaded.refused)} file(s) refused (named above); the others "
+              f"imported", file=sys.stderr)
+        return REFUSED
     return 0
 
 

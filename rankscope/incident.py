@@ -75,6 +75,23 @@ class EventVerdict:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+#: Classes whose incidents have no what-if, and why (said in the cost instead of a figure).
+NO_WHAT_IF: dict[IncidentClass, str] = {
+    IncidentClass.SILENT_RANK: "no what-if: silent ranks report no time, so none of the job's time can be "
+                               "put down to them",
+}
+
+
+def _seconds(s: float) -> str:
+    """An iteration time as people read it: ``30.3``, ``0.25``."""
+    return f"{s:.1f}" if abs(s) >= 10 else f"{s:.3g}"
+
+
+def _gpu_hours(h: float) -> str:
+    """GPU-hours: whole ones from 10 on (``7,055``), two significant digits below (``0.044``)."""
+    return f"{h:,.0f}" if abs(h) >= 10 or h == 0 else f"{h:.2g}"
+
+
 @dataclass
 class Impact:
     """What an incident costs the job.
@@ -82,8 +99,9 @@ class Impact:
     ``iteration_s_before``: the job's iteration time (median over ranks) before the onset;
     ``iteration_s_now``: since the onset (or until the resolution); ``slowdown`` their
     ratio; ``gpu_hours_lost``: world size x the excess time so far (final once resolved);
-    ``iteration_s_if_restored``: the expected iteration time if the culprits ran at their
-    group's median. NaN where not known.
+    ``iteration_s_if_restored``: the job's iteration time with the culprits restored (their
+    excess removed, with the waits it causes the others). NaN where not known, and for the
+    classes of :data:`NO_WHAT_IF`.
     """
 
     iteration_s_before: float = float("nan")
@@ -181,6 +199,9 @@ class Incident:
     def title(self) -> str:
         stage = f" in {self.stage}" if self.stage else ""
         ratio = f" ({self.ratio:.1f}x)" if self.ratio and self.cls != IncidentClass.SILENT_RANK else ""
+        if self.cls == IncidentClass.ARRIVAL_STRAGGLER and "lead_ms" in self.evidence:
+            stretch = f"; its group's collectives {self.ratio:.1f}x" if self.ratio > 1 else ""
+            ratio = f" (last by {self.evidence['lead_ms']:.1f} ms{stretch})"
         again = f"intermittent ({self.episodes} episodes) " if self.intermittent else ""
         return f"{again}{self.cls.label}: {rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
 
@@ -208,11 +229,13 @@ class Incident:
         imp = self.impact
         if not imp.iteration_s_before == imp.iteration_s_before:   # NaN: no level before the onset
             return ""
-        text = (f"Cost: {imp.gpu_hours_lost:,.0f} GPU-hours lost{' so far' if self.is_open else ''} "
-                f"(iteration {imp.iteration_s_before:.1f} s -> {imp.iteration_s_now:.1f} s, "
+        text = (f"Cost: {_gpu_hours(imp.gpu_hours_lost)} GPU-hours lost{' so far' if self.is_open else ''} "
+                f"(iteration {_seconds(imp.iteration_s_before)} s -> {_seconds(imp.iteration_s_now)} s, "
                 f"x{imp.slowdown:.2f})")
         if imp.iteration_s_if_restored == imp.iteration_s_if_restored:
-            text += f"; about {imp.iteration_s_if_restored:.1f} s per iteration with the culprits restored"
+            text += f"; about {_seconds(imp.iteration_s_if_restored)} s per iteration with the culprits restored"
+        elif self.cls in NO_WHAT_IF:
+            text += f"; {NO_WHAT_IF[self.cls]}"
         return text + "."
 
     @property
@@ -352,5 +375,5 @@ def _plain(o: Any) -> Any:
     return o
 
 
-__all__ = ["EventVerdict", "Impact", "Incident", "IncidentClass", "Status", "Verdict", "incident_id",
-           "incidents_frame", "load_incident", "load_incidents"]
+__all__ = ["NO_WHAT_IF", "EventVerdict", "Impact", "Incident", "IncidentClass", "Status", "Verdict",
+           "incident_id", "incidents_frame", "load_incident", "load_incidents"]

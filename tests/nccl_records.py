@@ -122,8 +122,9 @@ _FR_NAMES = {"reduce_scatter": "nccl:_reduce_scatter_base", "all_gather": "nccl:
              "all_reduce": "nccl:all_reduce", "all_to_all": "nccl:all_to_all"}
 
 
-def flight_recorder_dump(recs: list[dict], rank: int) -> dict:
-    """One rank's dump dict (``dump_dict``'s keys), entries in the order recorded."""
+def flight_recorder_dump(recs: list[dict], rank: int, timed: bool = True) -> dict:
+    """One rank's dump dict (``dump_dict``'s keys), entries in the order recorded; without
+    ``timed`` as PyTorch writes it by default (no duration, no completion, ``scheduled``)."""
     members = comms()
     names = {c: str(i) for i, c in enumerate(members)}
     entries = []
@@ -148,6 +149,10 @@ def flight_recorder_dump(recs: list[dict], rank: int) -> dict:
             "time_discovered_completed_ns": (T0_US + int(x["end_us"]) + 50) * 1000,
             "retired": True, "timeout_ms": 600000, "is_p2p": p2p,
         })
+        if not timed:
+            del entries[-1]["duration_ms"]
+            entries[-1].update(state="scheduled", time_discovered_started_ns=None,
+                               time_discovered_completed_ns=None)
     pg_config = {names[c]: {"name": names[c], "desc": "undefined", "ranks": str(list(m))}
                  for c, m in members.items()}
     return {"version": "2.10", "comm_lib_version": "2.27.3", "pg_config": pg_config,
@@ -156,12 +161,14 @@ def flight_recorder_dump(recs: list[dict], rank: int) -> dict:
             "entries": entries}
 
 
-def flight_recorder_files(recs: list[dict], directory: Path, as_json: bool = False) -> list[Path]:
+def flight_recorder_files(recs: list[dict], directory: Path, as_json: bool = False, timed: bool = True,
+                          hosts: bool = False) -> list[Path]:
+    """A dump per rank; with ``hosts`` named ``<host>.nccl_trace_rank_<rank>``."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for r in range(WORLD):
-        p = directory / f"nccl_trace_rank_{r}"
-        dump = flight_recorder_dump(recs, r)
+        p = directory / (f"{host_of(r)}.nccl_trace_rank_{r}" if hosts else f"nccl_trace_rank_{r}")
+        dump = flight_recorder_dump(recs, r, timed)
         if as_json:
             p.write_text(json.dumps(dump))
         else:

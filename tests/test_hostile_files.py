@@ -169,9 +169,9 @@ def test_a_real_torch_flight_recorder_dump_is_plain_data(tmp_path):
     dump = loads_plain(data, str(path))
     assert dump == pickle.loads(data) and len(dump["entries"]) >= 6  # noqa: S301 - torch's own file
     assert {"version", "pg_config", "entries"} <= set(dump)
-    # gloo records no duration: the dump is read, and refused for what it lacks, not as code
-    with pytest.raises(ni.NcclError, match="no entry has 'duration_ms'"):
-        ni.read_flight_recorder(path)
+    # gloo records no duration: every entry is read, with its rank's arrival to time it by
+    rows = ni.read_flight_recorder(path)
+    assert len(rows) == len(dump["entries"]) and rows["ms"].isna().all() and rows["start_us"].notna().all()
 
 
 # ------------------------------------------------------------------ reads are bounded

@@ -1,6 +1,6 @@
 """The Makefile's package-install recipes, run against a stub apt-get.
 
-A fresh machine lacks influxd, chromium, Alertmanager and Prometheus; `make test` installs them with apt-get, as root
+A fresh machine lacks influxd, chromium, Alertmanager, Prometheus and node_exporter; `make test` installs them with apt-get, as root
 (CI) or through sudo. These tests run the real recipes with a PATH on which neither program
 exists and `apt-get`/`sudo`/`id` are stubs that record how they were called, so a recipe that
 only works where the packages are already installed fails here, not on a newcomer's machine.
@@ -50,6 +50,7 @@ def _make(target: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("target", "package"), [
     ("influxdb", "influxdb"), ("chromium", "chromium"),
     ("alertmanager", "prometheus-alertmanager"), ("prometheus", "prometheus"),
+    ("node-exporter", "prometheus-node-exporter"),
 ])
 def test_installs_as_root_without_sudo(tmp_path: Path, target: str, package: str) -> None:
     env, log = _stub_path(tmp_path, uid=0)
@@ -90,6 +91,18 @@ def test_present_program_installs_nothing(tmp_path: Path) -> None:
     assert not log.exists()
 
 
+@pytest.mark.parametrize("program", ["prometheus-node-exporter", "node_exporter"])
+def test_node_exporter_under_either_name_installs_nothing(tmp_path: Path, program: str) -> None:
+    """Debian's package installs prometheus-node-exporter; upstream's tarball node_exporter."""
+    env, log = _stub_path(tmp_path, uid=0)
+    fake = Path(env["PATH"]) / program
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    result = _make("node-exporter", env)
+    assert result.returncode == 0, result.stderr
+    assert not log.exists()
+
+
 @pytest.mark.parametrize("program", ["prometheus-alertmanager", "alertmanager"])
 def test_alertmanager_under_either_name_installs_nothing(tmp_path: Path, program: str) -> None:
     """Debian's package installs prometheus-alertmanager; upstream's tarball alertmanager."""
@@ -109,14 +122,14 @@ def test_failed_alertmanager_install_names_the_package(tmp_path: Path) -> None:
     assert "could not install prometheus-alertmanager" in result.stderr
 
 
-def test_make_test_installs_alertmanager_and_prometheus() -> None:
-    """`make test` runs the real Alertmanager and Prometheus end to end: it depends on their
-    install targets."""
+def test_make_test_installs_alertmanager_prometheus_and_node_exporter() -> None:
+    """`make test` runs the real Alertmanager, Prometheus and node_exporter end to end: it depends
+    on their install targets."""
     assert MAKE is not None
     result = subprocess.run([MAKE, "-n", "-C", str(ROOT), "--print-data-base", "--question", "test"],
                             capture_output=True, text=True, timeout=60)
     [deps] = [line for line in result.stdout.splitlines() if line.startswith("test: ")]
-    assert {"alertmanager", "prometheus"} <= set(deps.split())
+    assert {"alertmanager", "prometheus", "node-exporter"} <= set(deps.split())
 
 
 @pytest.mark.parametrize("target", ["bench", "bench-accuracy"])

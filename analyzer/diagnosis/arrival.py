@@ -18,6 +18,13 @@ A rank that merely waits for the straggler in another group (its pipeline partne
 is short in that group's stage too, but long in the stages it shares with the straggler:
 it is not short in most of them.
 
+**Clocks.** Times imported from arrival stamps (Flight Recorder without durations: each
+rank's wait for the last member, ``rankscope import-nccl``) compare clocks across hosts, which
+agree only within their skew, bounded by ``arrival_clock_skew_ms``: in a group that spans
+hosts a rank is short only by more than that bound (and ``arrival_min_gap_ms``), and the
+verdict says that the skew bounds how finely arrival is resolved there. (Durations measured
+by each rank, as NCCL Inspector's, compare no clocks; the bound then only adds to the gap.)
+
 The rule runs only on iterations with no compute or host stage reported (where those exist,
 the straggler rule names the slow stage itself) and skips ranks an open incident of another
 rule holds. Vectorised over ranks and stages.
@@ -30,6 +37,7 @@ import warnings
 import numpy as np
 
 from analyzer.config import AnalyzerConfig
+from analyzer.detect.group_scores import group_medians
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_evidence import split_by_onset_and_place
@@ -54,6 +62,31 @@ class ArrivalRule(Rule):
         self.onset = np.zeros(n, dtype=np.int64)
         self.flagged = np.zeros(n, dtype=bool)
         self.held = np.zeros(n, dtype=bool)      # culprits of this rule's open incidents
+        self._spans: tuple[Topology, np.ndarray] | None = None
+
+    def _medians(self, vals: np.ndarray) -> np.ndarray:
+        """The median of the collective group each rank is in, per comm stage ``[R, S_comm]``
+        (a group of waits may have a median of 0, where a ratio to it says nothing)."""
+        cols = np.flatnonzero(self.comm)
+        out = np.full((self.topo.world, len(cols)), np.nan)
+        for kind in {self.stages.stages[int(j)].group for j in cols}:
+            mine = np.array([self.stages.stages[int(j)].group == kind for j in cols])
+            med = group_medians(vals[:, cols[mine]], self.topo.members(kind))
+            out[:, mine] = med[self.topo.group_ids(kind)]
+        return out
+
+    def spans_hosts(self) -> np.ndarray:
+        """``[R, S_comm]``: the rank's collective group in that stage spans several nodes (its
+        members' clocks are different clocks); cached per topology."""
+        if self._spans is None or self._spans[0] is not self.topo:
+            cols = np.flatnonzero(self.comm)
+            out = np.zeros((self.topo.world, len(cols)), dtype=bool)
+            for i, j in enumerate(cols):
+                kind = self.stages.stages[int(j)].group
+                nodes = self.topo.node_index[self.topo.members(kind)]
+                out[:, i] = (nodes.min(axis=1) != nodes.max(axis=1))[self.topo.group_ids(kind)]
+            self._spans = (self.topo, out)
+        return self._spans[1]
 
     def _flag(self, obs: Observation) -> np.ndarray:
         """Ranks short in most of their risen comm stages this iteration (updates the baseline)."""
@@ -68,12 +101,15 @@ class ArrivalRule(Rule):
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             v = vals[:, c]
-            med = v / obs.scores.ratio[:, c]                              # the group's median
+            med = self._medians(vals)                                     # the group's median
             smooth = obs.scores.smooth_ratio[:, c]
             base = self.base[:, c]
             valid = np.isfinite(v) & np.isfinite(med) & (med > 0)
             rose = valid & np.isfinite(base) & (med > cfg.arrival_rise * base)
-            short = rose & (smooth < cfg.arrival_short_ratio) & (med - v > cfg.arrival_min_gap_ms)
+            # across hosts, a lead within the clocks' skew is no lead
+            gap = np.where(self.spans_hosts(), max(cfg.arrival_min_gap_ms, cfg.arrival_clock_skew_ms),
+                           cfg.arrival_min_gap_ms)
+            short = rose & (smooth < cfg.arrival_short_ratio) & (med - v > gap)
             n_rose, n_short = rose.sum(axis=1), short.sum(axis=1)
             flag = (n_short >= 1) & (2 * n_short > n_rose)
             # the baseline follows the group medians the rank sees while it is not flagged
@@ -122,17 +158,15 @@ class ArrivalRule(Rule):
             out.append(book.register(inc))
         return out
 
-    def _evidence(self, inc: Incident, obs: Observation) -> None:
-        """Per comm stage the culprits' time against their group-mates', now and before the onset."""
-        win = obs.window
-        ranks = np.asarray(inc.ranks, dtype=np.int64)
-        now, before = win.values[win.since(inc.onset_iteration)], win.values[win.before(inc.onset_iteration)]
-        rows, best = [], None
+    def _collectives(self, ranks: np.ndarray, now: np.ndarray, before: np.ndarray) -> list[dict]:
+        """Per comm stage the culprits' median time against their group-mates', now and before
+        the onset, and whether the group spans hosts."""
+        rows = []
+        spans = self.spans_hosts()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            for j, st in enumerate(self.stages):
-                if not self.comm[j]:
-                    continue
+            for k, j in enumerate(np.flatnonzero(self.comm)):
+                st = self.stages.stages[int(j)]
                 groups = np.unique(self.topo.group_ids(st.group)[ranks])
                 members = self.topo.members(st.group)[groups].reshape(-1)
                 mates = np.setdiff1d(members, ranks)
@@ -141,21 +175,33 @@ class ArrivalRule(Rule):
                 m_before = float(np.nanmedian(before[:, mates, j])) if len(before) and len(mates) else float("nan")
                 if not (np.isfinite(c_ms) and np.isfinite(m_ms)):
                     continue
-                row = {"stage": st.name, "group": st.group, "group_ranks": format_ranks(members),
-                       "culprit_ms": round(c_ms, 3), "groupmates_ms": round(m_ms, 3),
-                       "groupmates_before_ms": round(m_before, 3),
-                       "culprits_short": bool(c_ms < self.cfg.arrival_short_ratio * m_ms)}
-                rows.append(row)
-                if row["culprits_short"] and (best is None or m_ms - c_ms > best["groupmates_ms"] - best["culprit_ms"]):
-                    best = row
-        if best is None:
-            best = rows[0] if rows else {"stage": "?", "group": "?", "group_ranks": "", "culprit_ms": float("nan"),
-                                          "groupmates_ms": float("nan"), "groupmates_before_ms": float("nan")}
-        short = [r["stage"] for r in rows if r["culprits_short"]]
-        ratio = best["groupmates_ms"] / best["culprit_ms"] if best["culprit_ms"] > 0 else float("nan")
+                rows.append({"stage": st.name, "group": st.group, "group_ranks": format_ranks(members),
+                             "culprit_ms": round(c_ms, 3), "groupmates_ms": round(m_ms, 3),
+                             "groupmates_before_ms": round(m_before, 3),
+                             "culprits_short": bool(c_ms < self.cfg.arrival_short_ratio * m_ms),
+                             "across_hosts": bool(spans[ranks, k].any())})
+        return rows
+
+    def _evidence(self, inc: Incident, obs: Observation) -> None:
+        """Per comm stage the culprits' time against their group-mates', now and before the onset."""
+        win = obs.window
+        ranks = np.asarray(inc.ranks, dtype=np.int64)
+        now, before = win.values[win.since(inc.onset_iteration)], win.values[win.before(inc.onset_iteration)]
+        rows = self._collectives(ranks, now, before)
+        shorts = [r for r in rows if r["culprits_short"]]
+        best = max(shorts, key=lambda r: r["groupmates_ms"] - r["culprit_ms"]) if shorts else (rows[0] if rows else {
+            "stage": "?", "group": "?", "group_ranks": "", "culprit_ms": float("nan"),
+            "groupmates_ms": float("nan"), "groupmates_before_ms": float("nan"), "across_hosts": False})
+        short = [r["stage"] for r in shorts]
+        # how much the culprits stretch their group's collectives; their own time is a wait, and
+        # timed by arrival every wait is near 0 before the onset too: no ratio then (the title
+        # gives the lead in ms instead)
+        before_ms = best["groupmates_before_ms"]
+        ratio = best["groupmates_ms"] / before_ms if before_ms >= 1.0 else float("nan")
         inc.stage, inc.ratio = best["stage"], round(float(ratio), 3) if np.isfinite(ratio) else 1.0
         inc.group_type, inc.group_ranks = best["group"], [int(r) for r in np.sort(
-            self.topo.members(best["group"])[np.unique(self.topo.group_ids(best["group"])[ranks])].reshape(-1))]
+            self.topo.members(best["group"])[np.unique(self.topo.group_ids(best["group"])[ranks])].reshape(-1))] \
+            if best["group"] != "?" else []
         one = len(ranks) == 1
         summary = (f"From communication alone: {rank_phrase(inc.ranks, capital=False)} ({inc.where}) "
                    f"{'arrives' if one else 'arrive'} last. {'Its' if one else 'Their'} own collectives are "
@@ -166,12 +212,29 @@ class ArrivalRule(Rule):
                    f"wait for {'it' if one else 'them'} in every collective, so the slowness is on "
                    f"{'its' if one else 'their'} side before the collectives (compute, host or the GPU), not in "
                    f"the network; no compute stage is recorded to say which.")
+        clocks = self._clocks(inc, best)
         if obs.l1_step:
             summary += (f" Job iteration time {obs.l1_step['before_ms'] / 1000:.2f} s -> "
                         f"{obs.l1_step['after_ms'] / 1000:.2f} s at iteration {obs.l1_step['iteration']}.")
-        inc.evidence = {"summary": summary, "stage": inc.stage, "stage_kind": "comm", "ratio": inc.ratio,
-                        "arrived_last": True, "from_communication_alone": True, "collectives": rows,
-                        "short_stages": short, "l1": obs.l1_step}
+        inc.evidence = {"summary": summary + clocks.pop("sentence", ""), "stage": inc.stage, "stage_kind": "comm",
+                        "ratio": inc.ratio, "arrived_last": True, "from_communication_alone": True,
+                        "lead_ms": round(float(best["groupmates_ms"] - best["culprit_ms"]), 3),
+                        "collectives": rows, "short_stages": short, "l1": obs.l1_step, **clocks}
+
+    def _clocks(self, inc: Incident, best: dict) -> dict:
+        """Where the culprits' group spans hosts: the clock-skew bound on the resolution, for the
+        evidence (``sentence`` for the summary)."""
+        if not best.get("across_hosts"):
+            return {}
+        skew = self.cfg.arrival_clock_skew_ms
+        lead = best["groupmates_ms"] - best["culprit_ms"]
+        hosts = self.topo.hosts_of(np.asarray(inc.group_ranks, dtype=np.int64))
+        names = ", ".join(sorted(set(hosts))) if hosts else "several nodes"
+        return {"clock_skew_ms": skew, "sentence": (
+            f" The group spans hosts ({names}), whose clocks agree only within {skew:g} ms "
+            f"(arrival_clock_skew_ms): where these times are waits from arrival stamps (Flight Recorder "
+            f"without durations), that skew bounds how finely arrival is resolved across hosts, and a "
+            f"lead within it blames nobody; this lead is {lead:.1f} ms.")}
 
     def active(self, inc: Incident, obs: Observation) -> bool:
         ranks = np.asarray(inc.ranks, dtype=np.int64)

@@ -4,7 +4,8 @@ Third hop of the analyzer's flow (read -> detect -> **score** -> diagnosis -> wr
 rank scores (:mod:`~analyzer.score.rank_scores`: each cell's ratio to its peers, hot cells),
 the transfer floors of the collectives (:mod:`~analyzer.score.transfer_floors`), the balance
 of the pipeline stages (:mod:`~analyzer.score.stage_balance`), the ``l2_group``/``l2_rank``
-points (:mod:`~analyzer.score.l2_points`) and an incident's cost (:mod:`~analyzer.score.impact`).
+points (:mod:`~analyzer.score.l2_points`) and an incident's cost (:mod:`~analyzer.score.impact`,
+its what-if with the culprits restored in :mod:`~analyzer.score.what_if`).
 Pure computation: no I/O.
 
 May import: the core (``rankscope``: topology, schema, the incident model),

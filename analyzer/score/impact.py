@@ -13,14 +13,10 @@ The job's iteration time is the median over its ranks of each iteration's time
   resolution; an intermittent fault's later episodes add to it, the first is not counted
   twice. Concurrent incidents each count the whole job's excess (their culprits share it):
   their figures do not add up;
-- ``iteration_s_if_restored``: what the job would take if the culprits ran at their
-  group's median now. Under the additive model of a critical path, the job's excess
-  scales with the culprits' own excess in the incident's stage:
-  ``now - (now - before) * (culprit_now - peers_now) / (culprit_now - culprit_before)``
-  (the fraction clipped to [0, 1]): if the peers are as fast as the culprits used to
-  be, the job would be back at its old level; if the peers slowed too, part of the
-  excess is theirs and stays. For a link degradation the whole excess is the link's (every
-  member of its collectives waits alike, so there is no peer to compare with).
+- ``iteration_s_if_restored``: what the job would take with the culprits restored, their
+  excess removed with the waits it causes the others (:mod:`analyzer.score.what_if`): the
+  level before, moved by what the non-culprits' own work did since the onset. NaN for the
+  classes of :data:`~rankscope.incident.NO_WHAT_IF` (a silent rank reports no time to restore).
 
 Example::
 
@@ -33,13 +29,13 @@ Example::
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 
 import numpy as np
 
 from analyzer.detect.window import Window
-from rankscope.incident import Impact, Incident, IncidentClass
+from analyzer.score.what_if import Footing, footing, restored_s
+from rankscope.incident import NO_WHAT_IF, Impact, Incident
 from rankscope.schema import StageSet
 
 #: Iterations before the onset whose median is the level before.
@@ -57,7 +53,7 @@ class ImpactTracker:
         self.world = world
         self._times: deque[tuple[int, float]] = deque(maxlen=keep)
         self._accounted: dict[str, int] = {}          # incident id -> last iteration counted
-        self._culprit_before: dict[str, float] = {}   # incident id -> culprits' stage level before
+        self._footing: dict[str, Footing] = {}        # incident id -> the non-culprits' footing before
         self._replayed: dict[str, int] = {}           # adopted incident id -> time already accounted
 
     def adopt(self, inc: Incident) -> None:
@@ -130,41 +126,22 @@ class ImpactTracker:
         """Forget the incidents the analyzer no longer holds (their accounting is final). The
         accounting of a resolved incident is kept while it is held: it may reopen, and its
         next episode must not count the first one again."""
-        for table in (self._accounted, self._culprit_before, self._replayed):
+        for table in (self._accounted, self._footing, self._replayed):
             for key in [k for k in table if k not in ids]:
                 del table[key]
 
     def _if_restored(self, inc: Incident, imp: Impact, win: Window, stages: StageSet) -> float:
-        now, before = imp.iteration_s_now, imp.iteration_s_before
-        if inc.cls == IncidentClass.LINK_DEGRADATION:
-            # every member of the culprits' collectives waits for the slow transfer alike, so
-            # peers are no reference: the excess is the link's, the job would be back where it was
-            return before
-        if not inc.stage or inc.stage not in stages or not inc.ranks or not len(win):
+        if inc.cls in NO_WHAT_IF or not len(win):
             return float("nan")
-        s = stages.index(inc.stage)
-        ranks = np.asarray(inc.ranks, dtype=np.int64)
-        values = win.values[:, :, s]                                     # [T, R]
         it = win.iterations
-        peers = np.setdiff1d(np.asarray(inc.group_ranks or [], dtype=np.int64), ranks)
-        if not len(peers):
-            peers = np.setdiff1d(np.arange(values.shape[1]), ranks)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            if inc.id not in self._culprit_before:
-                pre = values[it < inc.onset_iteration][:, ranks]
-                if pre.size:
-                    self._culprit_before[inc.id] = float(np.nanmedian(pre))
-            during = it >= inc.onset_iteration
-            if inc.resolved_iteration >= 0:
-                during &= it < inc.resolved_iteration
-            if not during.any():
-                return imp.iteration_s_if_restored
-            culprit_now = float(np.nanmedian(values[during][:, ranks]))
-            peers_now = float(np.nanmedian(values[during][:, peers]))
-        culprit_before = self._culprit_before.get(inc.id, peers_now)
-        rise = culprit_now - culprit_before
-        if not (np.isfinite(rise) and np.isfinite(peers_now)) or rise <= 0:
-            return now
-        share = float(np.clip((culprit_now - peers_now) / rise, 0.0, 1.0))
-        return now - (now - before) * share
+        if inc.id not in self._footing:   # once, while the window still holds the iterations before
+            then = footing(win.values[it < inc.onset_iteration][-BEFORE_ITERATIONS:], inc.ranks, stages)
+            if then.known:
+                self._footing[inc.id] = then
+        during = it >= inc.last_onset
+        if inc.resolved_iteration >= 0:
+            during &= it < inc.resolved_iteration
+        if not during.any():   # the episode has left the window: its figure stands
+            return imp.iteration_s_if_restored
+        now = footing(win.values[during][-NOW_ITERATIONS:], inc.ranks, stages)
+        return restored_s(imp.iteration_s_before, imp.iteration_s_now, self._footing.get(inc.id, Footing()), now)

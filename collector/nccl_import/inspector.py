@@ -121,13 +121,21 @@ def parse_inspector_lines(lines: Iterable[str], source: str, first_line: int = 1
     return out
 
 
-def inspector_records(raw: list[dict]) -> pd.DataFrame:
-    """Raw Inspector records of several processes -> the record table (global ranks, members)."""
+def inspector_records(raw: list[dict], unranked: list[str] | None = None) -> pd.DataFrame:
+    """Raw Inspector records of several processes -> the record table (global ranks, members).
+
+    A file with no record of the job-wide communicator has no known global rank: an error,
+    or, given the list ``unranked``, left out with its message appended there."""
     if not raw:
         raise NcclError("no Inspector record in the given files")
     df = pd.DataFrame(raw)
     world = int(df["n_ranks"].max())
     top = df[df["n_ranks"] == world]
+    if unranked is not None:
+        lost = sorted(set(df["source"]) - set(top["source"]))
+        unranked += [f"{s}: no record of a job-wide communicator (n_ranks {world}), so its global rank "
+                     f"is unknown; import the files of every rank" for s in lost]
+        df = df[df["source"].isin(set(top["source"]))]
     per_file = top.groupby("source")["comm_rank"].nunique()
     multi = per_file[per_file > 1]
     if len(multi):

@@ -32,6 +32,10 @@ class NcclError(ValueError):
     """Collective records that cannot be imported (the message names the file, record, field)."""
 
 
+class Incomplete(NcclError):
+    """A file still being written: empty, or cut short (skipped with a warning, not refused)."""
+
+
 def get_field(obj, key, where):
     """``obj[key]``, or an error naming ``where`` and the missing field."""
     if not isinstance(obj, dict) or key not in obj:
@@ -56,6 +60,15 @@ def _shown(value) -> str:
     """``repr(value)``, cut short."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def world_of(records: pd.DataFrame) -> int:
+    """The job's size: one past the highest rank the records name, as a rank or as a member of
+    a communicator, or the largest communicator's size (a rank whose file was refused or
+    skipped is still in the job)."""
+    members = records["members"].dropna() if "members" in records.columns else pd.Series([], dtype=object)
+    listed = max((max(m) for m in members.drop_duplicates() if len(m)), default=-1)
+    return max(int(records["rank"].max()) + 1, int(listed) + 1, int(records["n_ranks"].max()))
 
 
 def with_members(df: pd.DataFrame) -> pd.DataFrame:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from collector.nccl_import.records import NcclError
+from collector.nccl_import.records import NcclError, world_of
 from rankscope.topology import Topology, TopologyError
 
 #: Comm kinds tried against the layout, in order.
@@ -15,7 +15,7 @@ _LAYOUT_KINDS = ("tp", "dp", "ep", "edp", "pipeline")
 
 def default_topology(records: pd.DataFrame, gpus_per_node: int | None = None) -> Topology:
     """Pure data parallelism over the ranks the records name."""
-    world = int(records["rank"].max()) + 1
+    world = world_of(records)
     gpn = gpus_per_node or (8 if world % 8 == 0 else world)
     try:
         return Topology(dp=world, gpus_per_node=gpn)
