@@ -70,13 +70,15 @@ class AnalyzerConfig:
     data or the clock is ``iteration_wait_s`` past it (more than the hosts' clock spread plus
     the writers' flush interval).
 
-    Sporadic stalls: in a job that stalls rarely (fewer than ``stall_rare`` stalls an iteration
-    so far) every transient stall is an incident; otherwise a transient stall is an incident only when the job's iteration time rose
-    beyond its own jitter (the level around it + 3 robust sigmas) by at least
-    ``stall_min_excess`` of an iteration or ``stall_min_gpu_hours`` in all, or when the same ranks stall
-    ``stall_repeat`` times within ``reopen_within`` iterations; the rest are counted in one
+    Sporadic stalls (the same at every job size): a transient stall is an incident only when the
+    job lost at least ``stall_min_excess`` iterations' worth of time to it (its iteration time
+    over the level around the stall, where beyond its own swings; 0.5: a one-iteration 3x stall
+    on one GPU costs an 8-rank job 20-40% of one iteration, and is noise) or
+    ``stall_min_gpu_hours`` in all, or when the same ranks stall ``stall_repeat`` times within
+    ``reopen_within`` iterations, or the stall is wider (GPUs side by side) or longer (iterations
+    in a row) than the job's own sporadic stalls explain by chance; the rest are counted in one
     job-level summary (the ``job_health`` point). ``stall_repeat_alpha`` is the chance, over all
-    ranks of a job, that one rank repeats by luck as often as a repeat needs.
+    ranks of a job, that sporadic stalls repeat, meet or last that long by luck.
 
     Evidence: a culprit's own collectives are *short* (it arrived last, the group waited for it)
     below ``short_collective_ratio`` of its group-mates' time.
@@ -84,7 +86,9 @@ class AnalyzerConfig:
     Arrival (a straggler named from collective timings alone): a rank's collective is *short*
     below ``arrival_short_ratio`` of its group's median and at least ``arrival_min_gap_ms``
     shorter, while that median has risen above ``arrival_rise`` times its baseline (a moving
-    average with weight ``arrival_baseline_alpha`` for each new iteration).
+    average with weight ``arrival_baseline_alpha`` for each new iteration). In a group spanning
+    hosts the gap must also exceed ``arrival_clock_skew_ms``, the bound on the hosts' clock skew
+    (times from arrival stamps compare their clocks).
     """
 
     l1_window: int = 20
@@ -118,16 +122,16 @@ class AnalyzerConfig:
     silent_after: int = 5
     silent_after_s: float = 600.0
     iteration_wait_s: float = 15.0
-    stall_min_excess: float = 0.10
+    stall_min_excess: float = 0.5
     stall_min_gpu_hours: float = 50.0
     stall_repeat: int = 3
-    stall_rare: float = 0.05
     stall_repeat_alpha: float = 0.01
     short_collective_ratio: float = 0.8
     arrival_short_ratio: float = 0.5
     arrival_min_gap_ms: float = 1.0
     arrival_rise: float = 1.5
     arrival_baseline_alpha: float = 0.1
+    arrival_clock_skew_ms: float = 1.0
     event_lookback: int = 5
     history: int = 40
 

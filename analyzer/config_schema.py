@@ -93,10 +93,11 @@ RULES: dict[str, Rule] = {
     "transient_max": count(1), "transient_z": POSITIVE, "resolve_after": count(1),
     "reopen_within": count(0), "silent_after": count(1), "silent_after_s": POSITIVE,
     "iteration_wait_s": NON_NEGATIVE, "stall_min_excess": NON_NEGATIVE,
-    "stall_min_gpu_hours": NON_NEGATIVE, "stall_repeat": count(1), "stall_rare": NON_NEGATIVE,
+    "stall_min_gpu_hours": NON_NEGATIVE, "stall_repeat": count(1),
     "stall_repeat_alpha": FRACTION, "short_collective_ratio": SHARE,
     "arrival_short_ratio": SHARE, "arrival_min_gap_ms": NON_NEGATIVE, "arrival_rise": ABOVE_ONE,
-    "arrival_baseline_alpha": SHARE, "event_lookback": count(0), "history": count(1),
+    "arrival_baseline_alpha": SHARE, "arrival_clock_skew_ms": NON_NEGATIVE,
+    "event_lookback": count(0), "history": count(1),
 }
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from analyzer.service.shards import Shard
 from dashboards import provisioning
 from rankscope.cli import build_parser
 from rankscope.config import LONG_POLICY, RAW_POLICY, Retention, store_settings
+from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -20,6 +22,8 @@ SERVICES = COMPOSE["services"]
 ENV_EXAMPLE = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
                    if line and not line.startswith("#"))
 INTERPOLATION = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
+#: The analyzer services: 2 shards, shard 1 run by a high-availability pair.
+ANALYZERS = ("analyzer-0", "analyzer-1", "analyzer-1-ha")
 
 
 def _env(service: str) -> dict[str, str]:
@@ -33,10 +37,10 @@ def _substitute(value: str) -> str:
 
 
 def test_services_and_pinned_images():
-    assert set(SERVICES) == {"influxdb", "influxdb-setup", "grafana", "collector", "analyzer", "events"}
+    assert set(SERVICES) == {"influxdb", "influxdb-setup", "grafana", "collector", *ANALYZERS, "events"}
     assert SERVICES["influxdb"]["image"] == "influxdb:2.9"
     assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", SERVICES["grafana"]["image"])
-    for name in ("collector", "analyzer", "events"):
+    for name in ("collector", *ANALYZERS, "events"):
         assert SERVICES[name]["build"] == "." and SERVICES[name]["image"] == "rankscope:local"
 
 
@@ -88,7 +92,9 @@ def test_grafana_gets_every_variable_the_datasource_file_reads():
 
 @pytest.mark.parametrize("name,command", [
     ("collector", ["simulate", "il-0477", "--live"]),
-    ("analyzer", ["analyze", "--every", "30s"]),
+    ("analyzer-0", ["analyze", "--every", "30s", "--shard", "0/2", "--heartbeat", "/tmp/rankscope-heartbeat"]),
+    ("analyzer-1", ["analyze", "--every", "30s", "--shard", "1/2", "--heartbeat", "/tmp/rankscope-heartbeat"]),
+    ("analyzer-1-ha", ["analyze", "--every", "30s", "--shard", "1/2", "--heartbeat", "/tmp/rankscope-heartbeat"]),
     ("events", ["events", "serve", "--listen", "0.0.0.0:9095"]),
 ])
 def test_rankscope_services_run_real_commands_with_the_env_rankscope_reads(name, command):
@@ -112,7 +118,7 @@ def test_events_receiver_listens_in_the_network_and_is_published_on_loopback():
     assert svc["ports"] == [f"127.0.0.1:{port}:{port}"]
     env = dict(svc["environment"])
     token = env.pop("RANKSCOPE_EVENTS_TOKEN")
-    assert env == SERVICES["analyzer"]["environment"]  # same store, same secrets
+    assert env == SERVICES["analyzer-0"]["environment"]  # same store, same secrets
     assert token.startswith("${RANKSCOPE_EVENTS_TOKEN:?")  # required: the receiver is never open
     probe = " ".join(svc["healthcheck"]["test"])
     assert f"http://127.0.0.1:{port}/healthz" in probe
@@ -132,6 +138,25 @@ def test_dockerfile_installs_every_package_of_the_project():
     assert "USER " in text
 
 
+def test_the_analyzers_cover_every_shard_once_and_one_twice():
+    """2 shards: each analyzed, shard 1 by two replicas (HA) that differ in nothing else; the
+    job the collector writes falls in the HA shard; each replica's healthcheck reads the
+    heartbeat file its command touches."""
+    parsed = {name: build_parser().parse_args(SERVICES[name]["command"][1:]) for name in ANALYZERS}
+    shards = {name: args.shard for name, args in parsed.items()}
+    assert {s.count for s in shards.values()} == {2}
+    assert sorted(s.index for s in shards.values()) == [0, 1, 1]
+    assert shards["analyzer-1"] == shards["analyzer-1-ha"] == Shard(1, 2)
+    assert SERVICES["analyzer-1"] == SERVICES["analyzer-1-ha"]   # the pair: the same service twice
+    scenario = build_parser().parse_args(SERVICES["collector"]["command"][1:]).scenario
+    assert Shard(1, 2).owns(load_scenario(scenario).job)
+    for name, args in parsed.items():
+        assert args.every == 30 and args.once is False
+        probe = " ".join(SERVICES[name]["healthcheck"]["test"])
+        assert f"os.path.getmtime('{args.heartbeat}')" in probe
+        assert SERVICES[name]["restart"] == "unless-stopped"
+
+
 # ----------------------------------------------------------- retention and alert routing
 def test_raw_and_long_buckets_take_their_retention_from_the_env_file():
     assert _substitute(_env("influxdb")["DOCKER_INFLUXDB_INIT_RETENTION"]) == ENV_EXAMPLE["RANKSCOPE_RAW_RETENTION"]
@@ -141,11 +166,11 @@ def test_raw_and_long_buckets_take_their_retention_from_the_env_file():
     assert setup["BUCKET"] == "rankscope" and setup["INFLUX_HOST"] == "http://influxdb:8086"
     assert SERVICES["influxdb-setup"]["image"] == SERVICES["influxdb"]["image"]   # the same influx CLI
     assert SERVICES["influxdb-setup"]["depends_on"]["influxdb"]["condition"] == "service_healthy"
-    for name in ("grafana", "collector", "analyzer", "events"):   # nothing writes or reads before it ran
+    for name in ("grafana", "collector", *ANALYZERS, "events"):   # nothing writes or reads before it ran
         assert SERVICES[name]["depends_on"]["influxdb-setup"]["condition"] == "service_completed_successfully"
 
 
-@pytest.mark.parametrize("name", ["collector", "analyzer", "events"])
+@pytest.mark.parametrize("name", ["collector", *ANALYZERS, "events"])
 def test_rankscope_services_route_to_the_long_bucket_with_the_env_files_durations(name):
     settings = store_settings(env={k: _substitute(v) for k, v in _env(name).items()})
     assert settings.retention == Retention("7d", "400d")

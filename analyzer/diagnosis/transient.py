@@ -9,15 +9,21 @@ holds are not stalls.
 Real jobs stall sporadically on random ranks (Python GC, page faults, OS jitter: most
 stragglers in large fleets are not hardware, per the what-if study of ByteDance's fleet,
 Lin et al., "Understanding Stragglers in Large Model Training Using What-if Analysis",
-OSDI 2025). A 12,960-rank job draws dozens of those an iteration; an incident for each is an
-alert storm. So, in a job that stalls somewhere more than ``stall_rare`` times an iteration,
-a stall is an incident only when it costs the job something beyond its own
-jitter (its iteration time rose ``stall_min_excess`` above the level around it plus 3 robust
-sigmas of the iteration-to-iteration jitter, or ``stall_min_gpu_hours`` in all) or the same ranks stall ``stall_repeat`` times within
-``reopen_within`` iterations, and more often than the job's own sporadic-stall rate makes
-likely on some rank by chance (:mod:`analyzer.diagnosis.stall_repeats`); the rest go into
-:class:`~analyzer.diagnosis.stall_tally.SporadicStalls`, one job-level tally with an upper bound
-of their cost (:mod:`analyzer.diagnosis.stall_cost`). The incident is written already resolved.
+OSDI 2025). A 12,960-rank job draws dozens of those an iteration, an 8-rank job one in fifty
+iterations; an incident for each is an alert storm in the first and a page for nothing in the
+second. So a stall is an incident only when it cost the job at least ``stall_min_excess``
+iterations' worth of time (its excess over the level around it, where beyond the job's own
+swings: :mod:`analyzer.diagnosis.stall_cost`) or ``stall_min_gpu_hours`` in all, or when the
+same ranks stall ``stall_repeat`` times within ``reopen_within`` iterations, and more often than
+the job's own sporadic-stall rate makes likely on some rank by chance, or the stall is wider (TP
+groups of its nodes stalling with it) or longer (iterations in a row seen out) than that rate
+explains anywhere in the job (:mod:`analyzer.diagnosis.stall_repeats`). The tests mean the same
+at every size: the cost is a share of the job's own iteration, the repeats, width and length a
+chance over all of the job's ranks. A stall still going on that lost more over the same
+iterations takes their cost (it is charged when it ends), and an iteration's cost is charged
+to one incident at most. The rest go
+into :class:`~analyzer.diagnosis.stall_tally.SporadicStalls`, one job-level tally with an upper
+bound of their cost. The incident is written already resolved.
 
 Example::
 
@@ -31,6 +37,8 @@ Example::
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,15 +54,30 @@ from analyzer.diagnosis.rank_evidence import (
 )
 from analyzer.diagnosis.rule import Rule
 from analyzer.diagnosis.stall_cost import JobLevels, lost_ms
-from analyzer.diagnosis.stall_repeats import StallRepeats
+from analyzer.diagnosis.stall_repeats import StallRepeats, wide_or_long
 from analyzer.diagnosis.stall_tally import SporadicStalls
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
 
+class StallPart(NamedTuple):
+    """One stall ending now: its ranks and their onsets in stage ``s``; ``cost``: iterations'
+    worth the job lost to it, ``gpu_hours`` the same in GPU-hours; ``unlikely``: it repeats, or is
+    wider or longer, than the job's sporadic stalls explain by chance; ``lost_ms``: what its
+    cells lost against their iteration's median (the tally's upper bound)."""
+
+    ranks: np.ndarray
+    onsets: np.ndarray
+    s: int
+    cost: float
+    gpu_hours: float
+    unlikely: bool
+    lost_ms: float
+
+
 class TransientStallRule(Rule):
-    """Short, large rank-level stalls that passed (and cost something, or keep coming back)."""
+    """Short, large rank-level stalls that passed (and cost something, or are more than chance)."""
 
     classes = (IncidentClass.TRANSIENT_STALL,)
 
@@ -64,55 +87,92 @@ class TransientStallRule(Rule):
         self.levels = JobLevels(max(cfg.history, 2 * cfg.l1_window))
         self.repeats = StallRepeats(topo.world)
         self.sporadic = SporadicStalls()
+        # per cell, in its streak: iterations seen out (hot, and far from its peers this very
+        # iteration) and the last of them; a smoothed ratio may keep a cell hot an iteration
+        # after a dropped point, which lengthens the streak, not the stall
+        shape = cells.streak.shape
+        self.out_n = np.zeros(shape, dtype=np.int64)
+        self.last_out = np.zeros(shape, dtype=np.int64)
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
         cfg, cells = self.cfg, self.cells
         self.levels.push(obs.iteration, obs.job_ms)
         self.repeats.tick()
+        with np.errstate(invalid="ignore"):
+            out = obs.hot & (obs.scores.ratio >= cfg.abs_ratio)
+        self.out_n = np.where(obs.hot & (cells.prev_streak == 0), 0, self.out_n) + out
+        self.last_out = np.where(out, obs.iteration, self.last_out)
         prev = cells.prev_streak
         ended = ((~obs.hot) & (prev > 0) & (prev <= cfg.transient_max) & ~cells.assigned
                  & obs.present[:, None])
         ended &= (cells.peak >= cfg.abs_ratio) & (cells.peak_z >= cfg.transient_z)
         if not ended.any():
             return []
-        # a job that rarely stalls (fewer than ``stall_rare`` stalls an iteration so far, once
-        # there is a history to say so): a stall is news whatever it cost; the cost gate is for
-        # jobs that stall somewhere every iteration
-        rare = (self.repeats.iterations > max(3, cfg.l1_min_history)
-                and self.repeats.stalls_per_iteration() < cfg.stall_rare)
         parts = self._parts(ended, obs)
         # every stall ending now includes the last iteration, so the job's excess there is
         # charged to the one that lost the most (a 40x stall on a node explains it, not a 2x
-        # blip on one rank beside it); the others are incidents only when they keep coming back
+        # blip on one rank beside it); the others are incidents only when chance explains them not
         costly = [k for k, p in enumerate(parts)
-                  if rare or p[3] >= cfg.stall_min_excess or p[4] >= cfg.stall_min_gpu_hours]
-        charged = max(costly, key=lambda k: parts[k][6]) if costly else -1
+                  if (p.cost >= cfg.stall_min_excess or p.gpu_hours >= cfg.stall_min_gpu_hours)
+                  and not self._outdone(p, obs)]
+        charged = max(costly, key=lambda k: parts[k].lost_ms) if costly else -1
         out = []
-        for k, (part_r, part_o, s, _, _, repeated, lost) in enumerate(parts):
-            if k != charged and not repeated:
-                self._count_sporadic(part_r, int(part_o.min()), obs, lost)
+        for k, p in enumerate(parts):
+            if k != charged and not p.unlikely:
+                self._count_sporadic(p.ranks, int(p.onsets.min()), obs, p.lost_ms)
                 continue
-            out.append(self._incident(part_r, part_o, s, obs, book))
+            out.append(self._incident(p.ranks, p.onsets, p.s, obs, book))
+        if charged >= 0:   # the job's time up to now is this incident's: nobody else's cost
+            self.levels.charge(obs.iteration)
         return out
 
-    def _parts(self, ended: np.ndarray, obs: Observation) -> list[tuple]:
-        """The stalls ending now, one per stage, onset and place: (ranks, onsets, stage index,
-        cost fraction, GPU-hours, repeated, lost ms)."""
-        cfg, cells = self.cfg, self.cells
+    def _parts(self, ended: np.ndarray, obs: Observation) -> list[StallPart]:
+        """The stalls ending now, one per stage, onset and place."""
+        cells = self.cells
         parts = []
         ranks_c, stages_c = np.nonzero(ended)
         for s in np.unique(stages_c):
             ranks = np.unique(ranks_c[stages_c == s])
             onsets = cells.onset[ranks, s]
-            for part_r, part_o in split_by_onset_and_place(ranks, onsets, onset_gap(cfg.transient_max),
+            for part_r, part_o in split_by_onset_and_place(ranks, onsets, onset_gap(self.cfg.transient_max),
                                                            self.topo):
-                onset = int(part_o.min())
-                frac, gpu_h = self.levels.cost(onset, obs.iteration, cfg.l1_min_history, self.topo.world)
-                repeated = self.repeats.repeats(part_r, obs.iteration, cfg.reopen_within,
-                                                max(1, cfg.stall_repeat), cfg.stall_repeat_alpha)
-                parts.append((part_r, part_o, int(s), frac, gpu_h, repeated,
-                              lost_ms(obs.window, part_r, int(s), onset, obs.iteration)))
+                parts.append(self._part(part_r, part_o, int(s), obs))
         return parts
+
+    def _outdone(self, p: StallPart, obs: Observation) -> bool:
+        """Whether a stall still going on in the same stage lost more than ``p`` over ``p``'s
+        iterations: the job's excess there is that one's (charged when it ends), not ``p``'s."""
+        going = np.flatnonzero(self._going(p.s, obs))
+        return bool(len(going)) and lost_ms(obs.window, going, p.s, int(p.onsets.min()), obs.iteration) > p.lost_ms
+
+    def _going(self, s: int, obs: Observation) -> np.ndarray:
+        """Bool ``[rank]``: stage ``s``'s cells in a stall still going on (hot, or hot when their
+        rank last reported; not yet long enough to be a straggler, held by no incident)."""
+        cells = self.cells
+        streak = cells.streak[:, s]
+        return (streak > 0) & (streak <= self.cfg.transient_max) & ~cells.assigned[:, s]
+
+    def _part(self, ranks: np.ndarray, onsets: np.ndarray, s: int, obs: Observation) -> StallPart:
+        """One stall ending now, judged: its cost (the job's excess until its cells were last seen
+        out) and whether chance explains it (its width, the iterations it was seen out, its repeats)."""
+        cfg, topo, onset = self.cfg, self.topo, int(onsets.min())
+        last = int(self.last_out[ranks, s].max())
+        cost, gpu_h = self.levels.cost(onset, obs.iteration, cfg.l1_min_history, topo.world, last=last)
+        # its width: the GPUs of its nodes that stalled with it, ended or still going on (a
+        # dropped point ends one a little later); a GPU stalled shows on its whole TP group (TP
+        # collectives run inside its kernels), so TP groups are counted
+        beside = (self._going(s, obs) & np.isin(topo.node_index, topo.node_index[ranks])
+                  & (np.abs(self.cells.onset[:, s] - onset) < onset_gap(cfg.transient_max)))
+        units = len(np.unique(topo.group_ids("tp")[np.union1d(ranks, np.flatnonzero(beside))]))
+        rate = self.repeats.rate(ranks, obs.iteration, cfg.reopen_within)
+        place = max(1, min(2 * topo.gpus_per_node, topo.world) // topo.tp)
+        unlikely = (self.repeats.iterations > cfg.l1_min_history
+                    and wide_or_long(units, int(self.out_n[ranks, s].max()), rate, place, max(1, topo.world // topo.tp),
+                                     cfg.stall_repeat_alpha))
+        repeated = self.repeats.repeats(ranks, obs.iteration, cfg.reopen_within, max(1, cfg.stall_repeat),
+                                        cfg.stall_repeat_alpha)
+        return StallPart(ranks, onsets, s, cost, gpu_h, unlikely or repeated,
+                         lost_ms(obs.window, ranks, s, onset, obs.iteration))
 
     def _incident(self, ranks: np.ndarray, onsets: np.ndarray, s: int, obs: Observation,
                   book: IncidentBook) -> Incident:

@@ -5,16 +5,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import signal
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from analyzer.config import load_config
 from analyzer.service.analyzer_service import AnalyzerService
 from analyzer.service.config_watch import ConfigWatcher
 from analyzer.service.schedule import build_scheduler, safe_cycle
+from analyzer.service.shards import SHARD_ENV, Shard, ShardSpecError, shard_of
 from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store
+
+if TYPE_CHECKING:
+    from apscheduler.schedulers.base import BaseScheduler
 
 log = logging.getLogger("rankscope.analyze")
 
@@ -31,6 +39,14 @@ def parse_interval(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError("interval must be positive")
     return value
+
+
+def parse_shard(text: str) -> Shard:
+    """``K/N`` -> a :class:`Shard` (argparse's type: a bad spec is a usage error, exit 2)."""
+    try:
+        return Shard.parse(text)
+    except ShardSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +67,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="thresholds ([analyzer] table) and stages ([stages] table); with --every the "
                         "file is reloaded when it changes (or on SIGHUP): an invalid file is refused "
                         "and the thresholds in force stay")
+    p.add_argument("--shard", type=parse_shard, default=None, metavar="K/N",
+                   help=f"analyze only the jobs of shard K of N (env {SHARD_ENV}): those whose name's "
+                        f"MD5 (last 8 bytes, big-endian) mod N is K, as Prometheus' hashmod; K in "
+                        f"0..N-1, a StatefulSet's pod ordinal. N replicas with 0/N..N-1/N analyze "
+                        f"every job once; two with the same K/N are a high-availability pair "
+                        f"(docs/scaling.md)")
+    p.add_argument("--heartbeat", metavar="FILE", default=os.environ.get("RANKSCOPE_HEARTBEAT"),
+                   help="with --every: touch FILE at start and after every cycle, for a liveness "
+                        "probe that checks its age (env RANKSCOPE_HEARTBEAT)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
 
@@ -70,6 +95,9 @@ def _once(svc: AnalyzerService, store, args: argparse.Namespace) -> int:
         if svc.analyzers and not incidents:
             print("no incidents")
         print(f"read {report.read_s:.1f}s, analysis {report.analyze_s:.1f}s, write {report.write_s:.1f}s")
+    if not svc.analyzers and svc.shard is not None and store.jobs():
+        print(f"shard {svc.shard} owns none of the {len(store.jobs())} job(s) in {store!r}")
+        return 0
     if not svc.analyzers:
         print(f"rankscope analyze: no stage_latency data in {store!r} (bucket {store.bucket!r}): "
               f"check --store and --bucket", file=sys.stderr)
@@ -77,7 +105,44 @@ def _once(svc: AnalyzerService, store, args: argparse.Namespace) -> int:
     return 0
 
 
+def resolve_shard(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Shard | None:
+    """``--shard``, else the environment's ``RANKSCOPE_SHARD`` (empty: none); a job named with
+    ``--job`` must be in it. Raises :class:`ShardSpecError`, naming the value and the rule."""
+    shard = args.shard
+    text = env.get(SHARD_ENV, "").strip()
+    if shard is None and text:
+        try:
+            shard = Shard.parse(text)
+        except ShardSpecError as exc:
+            raise ShardSpecError(f"{SHARD_ENV}: {exc}") from None
+    outside = [j for j in args.job or [] if shard is not None and not shard.owns(j)]
+    if outside:
+        raise ShardSpecError("; ".join(f"job {j!r} is in shard {shard_of(j, shard.count)}/{shard.count}, "
+                                       f"not in {shard}" for j in outside))
+    return shard
+
+
+def _heartbeat(scheduler: BaseScheduler, path: str) -> None:
+    """Touch ``path`` now and after every cycle (failed ones too: the process is alive and
+    cycling); a liveness probe restarts a replica whose file grew old (deploy/kubernetes/)."""
+    from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
+
+    def touch(_event: object = None) -> None:
+        try:
+            Path(path).touch()
+        except OSError as exc:
+            log.warning("cannot touch the heartbeat file %s: %s", path, exc)
+
+    touch()
+    scheduler.add_listener(touch, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        shard = resolve_shard(args)
+    except ShardSpecError as exc:   # a usage error, as argparse's own: exit 2, no traceback
+        print(f"rankscope analyze: error: {exc}", file=sys.stderr)
+        return 2
     if args.json and not args.once:
         raise ValueError("--json prints the result of one cycle: use it with --once")
     if args.once and args.every is not None:
@@ -85,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
     watcher = ConfigWatcher(args.config) if args.config and not args.once else None
     cfg, stages = (watcher.config, watcher.stages) if watcher else load_config(args.config)
     store = open_store(args.store, args.bucket, create=False)
-    svc = AnalyzerService(store, cfg, stages, jobs=args.job, progress=not args.quiet and not args.json)
+    svc = AnalyzerService(store, cfg, stages, jobs=args.job, progress=not args.quiet and not args.json,
+                          shard=shard)
     if args.once:
         try:
             return _once(svc, store, args)
@@ -93,9 +159,11 @@ def run(args: argparse.Namespace) -> int:
             store.close()
     every = args.every if args.every is not None else DEFAULT_EVERY_S
     scheduler = build_scheduler(svc, every, blocking=True, watcher=watcher)
+    if args.heartbeat:
+        _heartbeat(scheduler, args.heartbeat)
     if watcher is not None and hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: watcher.request())
-    print(f"analyzing {store!r} every {every:g}s (Ctrl-C to stop"
+    print(f"analyzing {store!r}{f' shard {shard}' if shard else ''} every {every:g}s (Ctrl-C to stop"
           + (f"; {args.config} is reloaded when it changes or on SIGHUP" if watcher else "") + ")",
           file=sys.stderr)
     try:
@@ -107,4 +175,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["build_scheduler", "parse_interval", "register", "run", "safe_cycle"]
+__all__ = ["build_scheduler", "parse_interval", "parse_shard", "register", "resolve_shard", "run",
+           "safe_cycle"]
