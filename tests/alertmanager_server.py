@@ -276,22 +276,20 @@ scrape_configs:
 """
 
 
-class PrometheusServer:
-    """One Prometheus process (Debian's ``prometheus`` package) on a free loopback port, its
-    TSDB in ``root``."""
+class PrometheusProcess:
+    """One Prometheus process (Debian's ``prometheus`` package) on a free loopback port running
+    ``config_text``, its TSDB in ``root``, with ``args`` added to its command line."""
 
-    def __init__(self, alertmanager_url: str, target: str, host: str, root: Path) -> None:
+    def __init__(self, config_text: str, root: Path, args: tuple[str, ...] = ()) -> None:
         self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        rules = root / "rules.yml"
-        rules.write_text(PROMETHEUS_RULES)
-        self.config_text = prometheus_config(alertmanager_url.removeprefix("http://"), target, host,
-                                             str(rules))
+        self.config_text = config_text
+        self.args = args
         self.log_path = root / "prometheus.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 30.0) -> PrometheusServer:
+    def start(self, timeout_s: float = 30.0) -> PrometheusProcess:
         exe = shutil.which("prometheus")
         if exe is None:
             raise RuntimeError("prometheus not found: install Debian's 'prometheus' package "
@@ -301,8 +299,7 @@ class PrometheusServer:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [exe, f"--config.file={conf}", f"--storage.tsdb.path={self.root / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--rules.alert.resend-delay=1s",
-             "--log.level=info"],
+             f"--web.listen-address=127.0.0.1:{self.port}", *self.args],
             stdout=self.log, stderr=subprocess.STDOUT)
         _wait_ready(self.proc, self.url + "/-/ready", "prometheus", self.log_path, timeout_s)
         return self
@@ -320,6 +317,17 @@ class PrometheusServer:
         self.proc = None
         if getattr(self, "log", None):
             self.log.close()
+
+
+class PrometheusServer(PrometheusProcess):
+    """Prometheus evaluating the ``up == 0`` rule on ``target`` and sending to Alertmanager."""
+
+    def __init__(self, alertmanager_url: str, target: str, host: str, root: Path) -> None:
+        rules = root / "rules.yml"
+        rules.write_text(PROMETHEUS_RULES)
+        super().__init__(prometheus_config(alertmanager_url.removeprefix("http://"), target, host,
+                                           str(rules)), root,
+                         ("--rules.alert.resend-delay=1s", "--log.level=info"))
 
 
 class MetricsTarget:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import urllib.parse
 from pathlib import Path
 
-from tests.alertmanager_server import _http, _stop, _wait_ready
+from tests.alertmanager_server import PrometheusProcess, _http, _stop, _wait_ready
 from tests.influx_server import free_port
 
 #: Debian installs the program under this name; upstream's tarball calls it ``node_exporter``.
@@ -80,42 +79,8 @@ scrape_configs:
 """
 
 
-class ScrapingPrometheus:
+class ScrapingPrometheus(PrometheusProcess):
     """One Prometheus on a free loopback port scraping ``targets``, its TSDB in ``root``."""
 
     def __init__(self, targets: list[str], root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.config_text = scrape_config(targets)
-        self.log_path = root / "prometheus.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 30.0) -> ScrapingPrometheus:
-        exe = shutil.which("prometheus")
-        if exe is None:
-            raise RuntimeError("prometheus not found: install Debian's 'prometheus' package "
-                               "(make test does: make prometheus)")
-        conf = self.root / "prometheus.yml"
-        conf.write_text(self.config_text)
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [exe, f"--config.file={conf}", f"--storage.tsdb.path={self.root / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        _wait_ready(self.proc, self.url + "/-/ready", "prometheus", self.log_path, timeout_s)
-        return self
-
-    def query(self, expr: str) -> list[dict]:
-        status, answer = _http("GET", self.url + "/api/v1/query?query=" + urllib.parse.quote(expr))
-        assert status == 200, answer
-        return answer["data"]["result"]
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        _stop(self.proc)
-        self.proc = None
-        if getattr(self, "log", None):
-            self.log.close()
+        super().__init__(scrape_config(targets), root, ("--log.level=warn",))

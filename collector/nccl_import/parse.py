@@ -1,7 +1,7 @@
 """Step 1, parse: files and directories -> the record table (one format for all of them).
 
 Every file is read within a :class:`~collector.untrusted.bounded_read.FileLimit`; a directory gives its
-files, never a symlink out of it (:func:`collector.untrusted.folder_files.files_in`).
+files, never a symlink out of it (:func:`collector.untrusted.folder_files.named_files`).
 
 **What is good is kept** (:func:`read_files`). Each file is read on its own:
 
@@ -30,7 +30,7 @@ from collector.nccl_import.flight_recorder import FR_PREFIX, read_flight_recorde
 from collector.nccl_import.inspector import inspector_records, read_inspector
 from collector.nccl_import.records import Incomplete, NcclError, with_members
 from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit
-from collector.untrusted.folder_files import files_in
+from collector.untrusted.folder_files import named_files
 
 FORMATS = ("inspector", "flight-recorder", "auto")
 
@@ -81,18 +81,8 @@ def record_file(path: Path) -> bool:
 def expand(paths: Iterable[str | Path]) -> list[Path]:
     """Files, and the files of directories (Inspector ``*.log``, Flight Recorder dumps); a
     symlink in a directory that points outside it is refused, by name."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files = files_in(p, record_file, error=NcclError)
-            if not files:
-                raise NcclError(f"{p}: no Inspector log (*.log) or Flight Recorder dump (*{FR_PREFIX}*) in it")
-            out += files
-        elif p.exists():
-            out.append(p)
-        else:
-            raise NcclError(f"{p}: no such file or directory")
-    return out
+    return named_files(paths, record_file, error=NcclError,
+                       what=f"Inspector log (*.log) or Flight Recorder dump (*{FR_PREFIX}*)")
 
 
 def _read_one(path: Path, fmt: str, limit: FileLimit, skipped: list[str]) -> tuple[str, object]:

@@ -33,7 +33,7 @@ import pandas as pd
 
 from collector.nccl_import.records import NcclError
 from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit, open_bounded
-from collector.untrusted.folder_files import files_in
+from collector.untrusted.folder_files import named_files
 
 #: The Inspector's Prometheus files: ``nccl_inspector_metrics_<gpu-uuid>.prom``.
 PROM_PREFIX, PROM_SUFFIX = "nccl_inspector_metrics_", ".prom"
@@ -78,18 +78,8 @@ def prom_files(paths: list[str | Path], allow_empty: bool = False) -> list[Path]
     """Given files, and the Inspector's ``.prom`` files in given directories (and their
     subdirectories: copies kept per snapshot); a symlink out of a directory is refused. A
     directory without one is an error, unless ``allow_empty`` (a job not started yet)."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = files_in(p, prom_file, error=NcclError)
-            if not found and not allow_empty:
-                raise NcclError(f"{p}: no NCCL Inspector Prometheus file ({PROM_PREFIX}*{PROM_SUFFIX}) in it")
-            out += found
-        elif p.exists():
-            out.append(p)
-        else:
-            raise NcclError(f"{p}: no such file or directory")
-    return out
+    return named_files(paths, prom_file, error=NcclError, allow_empty=allow_empty,
+                       what=f"NCCL Inspector Prometheus file ({PROM_PREFIX}*{PROM_SUFFIX})")
 
 
 def _unescape(text: str) -> str:

@@ -11,7 +11,7 @@ the command line is read wherever it lies: the user chose it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -39,3 +39,22 @@ def files_in(folder: Path, wanted: Callable[[Path], bool], *, recursive: bool = 
         raise error(f"{folder}: refused {len(outside)} symlink(s) pointing outside the folder: {shown}. "
                     f"Copy those files in, or name them on the command line")
     return found
+
+
+def named_files(paths: Iterable[str | Path], wanted: Callable[[Path], bool], *, what: str,
+                error: type[Exception] = ValueError, allow_empty: bool = False) -> list[Path]:
+    """The files named, and those ``wanted`` picks in the folders named (:func:`files_in`).
+    A folder with none of ``what`` in it is an ``error``, unless ``allow_empty`` (a job that
+    has not written yet); so is a name that does not exist."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = files_in(p, wanted, error=error)
+            if not found and not allow_empty:
+                raise error(f"{p}: no {what} in it")
+            out += found
+        elif p.exists():
+            out.append(p)
+        else:
+            raise error(f"{p}: no such file or directory")
+    return out
