@@ -70,6 +70,14 @@ class AnalyzerConfig:
     data or the clock is ``iteration_wait_s`` past it (more than the hosts' clock spread plus
     the writers' flush interval).
 
+    A job's life (analyzer/read/attempts.py): after a restart from a checkpoint (iteration
+    numbers going back, or the ``attempt`` field growing) the first ``restart_warmup``
+    iterations are not analyzed (caches, compilers and communicators warm up, unevenly: nobody's
+    fault); a job with no new point for ``job_idle_s`` seconds has ended (its open incidents
+    close as "job ended", its state is released; the same name later is a new job). A cycle
+    analyzes up to ``concurrency`` jobs at once and stops reading a job after ``job_deadline_s``
+    seconds (the rest is read next cycle), so one large or slow job does not starve the others.
+
     Sporadic stalls (the same at every job size): a transient stall is an incident only when the
     job lost at least ``stall_min_excess`` iterations' worth of time to it (its iteration time
     over the level around the stall, where beyond its own swings; 0.5: a one-iteration 3x stall
@@ -134,6 +142,10 @@ class AnalyzerConfig:
     arrival_clock_skew_ms: float = 1.0
     event_lookback: int = 5
     history: int = 40
+    restart_warmup: int = 5
+    job_idle_s: float = 1800.0
+    job_deadline_s: float = 60.0
+    concurrency: int = 4
 
     def __post_init__(self) -> None:
         """Refuse any value that breaks its rule (:mod:`analyzer.config_schema`), all named."""

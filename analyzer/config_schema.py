@@ -98,6 +98,8 @@ RULES: dict[str, Rule] = {
     "arrival_short_ratio": SHARE, "arrival_min_gap_ms": NON_NEGATIVE, "arrival_rise": ABOVE_ONE,
     "arrival_baseline_alpha": SHARE, "arrival_clock_skew_ms": NON_NEGATIVE,
     "event_lookback": count(0), "history": count(1),
+    "restart_warmup": count(0, 10_000), "job_idle_s": POSITIVE, "job_deadline_s": POSITIVE,
+    "concurrency": count(1, 256),
 }
 
 

@@ -125,10 +125,22 @@ class JobAnalyzer:
                 self.topo.tp, self.topo.pp, self.topo.dp, self.topo.ep, self.topo.gpus_per_node):
             raise ValueError(f"job {self.job}: the parallel layout changed ({self.topo} -> {topo}); "
                              f"a new layout needs a new analyzer")
+        moved = self.topo.node_index != topo.node_index
+        if self.topo.hosts and topo.hosts:   # the same node ids, other machines: moved too
+            old_h, new_h = np.asarray(self.topo.hosts, dtype=object), np.asarray(topo.hosts, dtype=object)
+            if len(old_h) == len(new_h):
+                moved |= (old_h != new_h)[topo.node_index]
         self.topo = topo
         for part in (self.ranks, self.floors, self.balance):
             part.topo = topo
         self._diag.replace_topology(topo)
+        self.ranks.baseline.forget(moved)   # another GPU under those ranks: their own past is not theirs
+
+    def restarted(self) -> None:
+        """The job restarted from a checkpoint (same layout): each rank's own baseline starts
+        afresh (processes, communicators and often GPUs are new); the job's L1 baseline and the
+        incidents carry over."""
+        self.ranks.baseline.forget()
 
     # ------------------------------------------------- the job's incidents
     def incidents(self) -> list[Incident]:

@@ -17,7 +17,9 @@ The job name comes from the argument, else ``RANKSCOPE_JOB``, else torchrun's
 ``TORCHELASTIC_RUN_ID``. The machine: the host name from the argument, else
 ``RANKSCOPE_HOST``, else :func:`socket.gethostname`; the local GPU from torchrun's
 ``LOCAL_RANK``, else the current CUDA device when CUDA is already initialised
-(see :func:`local_gpu`).
+(see :func:`local_gpu`). After a restart torchrun's ``TORCHELASTIC_RESTART_COUNT`` is the
+``attempt`` field of every point (see :func:`attempt`): the analyzer tells a restart from a
+checkpoint (iteration numbers going back) by it.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class RankCoordinates:
 
     ``host`` is the machine's host name (what an operator drains), ``gpu`` the local
     device index (None when unknown, e.g. on CPU outside torchrun) and ``gpu_uuid``
-    the GPU's UUID (``GPU-...``): a field of the points, not a tag.
+    the GPU's UUID (``GPU-...``): a field of the points, not a tag; so is ``attempt``, how
+    often the job was restarted (torchrun's ``TORCHELASTIC_RESTART_COUNT``; None: unknown).
     """
 
     job: str
@@ -64,6 +67,7 @@ class RankCoordinates:
     host: str
     gpu: int | None = None
     gpu_uuid: str | None = None
+    attempt: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -72,6 +76,9 @@ class RankCoordinates:
         if self.gpu is not None and (isinstance(self.gpu, bool) or not isinstance(self.gpu, int)
                                      or self.gpu < 0):
             raise CoordinatesError(f"gpu must be a non-negative device index or None, got {self.gpu!r}")
+        if self.attempt is not None and (isinstance(self.attempt, bool) or not isinstance(self.attempt, int)
+                                         or self.attempt < 0):
+            raise CoordinatesError(f"attempt must be a non-negative restart count or None, got {self.attempt!r}")
 
     def tags(self) -> dict[str, Any]:
         """The ``stage_latency`` tag columns of this rank (``gpu`` only when known)."""
@@ -83,8 +90,11 @@ class RankCoordinates:
         return out
 
     def fields(self) -> dict[str, Any]:
-        """Constant fields of this rank's points: ``gpu_uuid`` when known."""
-        return {} if not self.gpu_uuid else {schema.GPU_UUID_FIELD: self.gpu_uuid}
+        """Constant fields of this rank's points: ``gpu_uuid`` and ``attempt`` when known."""
+        out: dict[str, Any] = {} if not self.gpu_uuid else {schema.GPU_UUID_FIELD: self.gpu_uuid}
+        if self.attempt is not None:
+            out[schema.ATTEMPT_FIELD] = self.attempt
+        return out
 
     def rows(self, iteration: Any, time_ms: Any, stages: Mapping[str, Any],
              iteration_ms: Any = None) -> pd.DataFrame:
@@ -97,7 +107,8 @@ class RankCoordinates:
 
     @classmethod
     def from_topology(cls, topology: Topology, rank: int, job: str, host: str | None = None,
-                      gpu: int | None = None, gpu_uuid: str | None = None) -> RankCoordinates:
+                      gpu: int | None = None, gpu_uuid: str | None = None,
+                      attempt: int | None = None) -> RankCoordinates:
         """Coordinates of ``rank`` in ``topology``.
 
         ``host`` defaults to the topology's host name of the rank's node when it has host
@@ -110,7 +121,8 @@ class RankCoordinates:
         if host is None:
             host = topology.host_names([c["node"]])[0] if topology.hosts is not None else host_name()
         return cls(job=job, rank=c["rank"], pp=c["pp"], dp=c["dp"], tp=c["tp"],
-                   ep_group=c["ep_group"], node=c["node"], host=host, gpu=gpu, gpu_uuid=gpu_uuid)
+                   ep_group=c["ep_group"], node=c["node"], host=host, gpu=gpu, gpu_uuid=gpu_uuid,
+                   attempt=attempt)
 
 
 def host_name(host: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -164,6 +176,21 @@ def local_gpu(env: Mapping[str, str] | None = None, cuda: Any = None) -> tuple[i
     if not uuid:
         return gpu, None
     return gpu, uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def attempt(env: Mapping[str, str] | None = None) -> int | None:
+    """How often torchrun restarted the job: ``TORCHELASTIC_RESTART_COUNT`` (None outside torchrun)."""
+    env = os.environ if env is None else env
+    raw = env.get("TORCHELASTIC_RESTART_COUNT")
+    if raw in (None, ""):
+        return None
+    try:
+        count = int(raw)
+    except ValueError:
+        raise CoordinatesError(f"TORCHELASTIC_RESTART_COUNT={raw!r} is not an integer") from None
+    if count < 0:
+        raise CoordinatesError(f"TORCHELASTIC_RESTART_COUNT={raw!r} is negative")
+    return count
 
 
 def job_name(job: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -243,7 +270,7 @@ def detect(
     name = job_name(job, env)
     machine = host_name(host, env)
     gpu, gpu_uuid = local_gpu(env, cuda)
-    ident = {"host": machine, "gpu": gpu, "gpu_uuid": gpu_uuid}
+    ident = {"host": machine, "gpu": gpu, "gpu_uuid": gpu_uuid, "attempt": attempt(env)}
     world, rank = world_and_rank(env)
     if world < 1 or not 0 <= rank < world:
         raise CoordinatesError(f"rank {rank} is outside a world of {world} ranks")

@@ -106,6 +106,9 @@ def _annotations() -> list[InfluxAnnotation]:
         InfluxAnnotation("L1 change points", f"SELECT \"text\" FROM {source(schema.L1_CHANGEPOINT)} WHERE \"job\" = '$job' "
                                              "AND \"scope\" = 'job' AND $timeFilter",
                          text_column="text", color="orange"),
+        InfluxAnnotation("Restarts and job ends", f"SELECT \"text\", \"event\" FROM {source(schema.JOB_LIFECYCLE)} "
+                                                  "WHERE \"job\" = '$job' AND $timeFilter",
+                         text_column="text", tags_column="event", color="blue"),
     ]
 
 

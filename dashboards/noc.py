@@ -2,7 +2,7 @@
 
 Per-job iteration time (median, p99 and max over ranks) and the slowest rank, L1 change
 points and incidents as annotations, the open incidents with their hosts and cost, the top
-suspect ranks. Every panel reads the analyzer's rollups and outputs (kept long, a few points
+suspect ranks, the hosts with the most incidents over 30 days (every job: the first to drain). Every panel reads the analyzer's rollups and outputs (kept long, a few points
 per iteration), never the raw per-rank points, so a wall over hours answers at once.
 """
 
@@ -28,6 +28,11 @@ JOB = "\"job\" =~ /^$job$/"
 OPEN_WINDOW = "time > now() - 30d"
 ROLLUP_JOB = source(schema.ROLLUP_JOB)
 INCIDENT = source(schema.INCIDENT)
+#: Rows of the repeat offenders' table.
+TOP_HOSTS = 20
+#: ``incident_host`` rows that name a machine: not a pipeline imbalance's ``all``, nor ``node N``
+#: (a job without host names: node numbers are the job's own, not machines across jobs).
+MACHINES = "\"host\" != 'all' AND \"host\" !~ /^node [0-9]+$/"
 
 
 def _headline(lay: Layout) -> list:
@@ -101,6 +106,29 @@ def _incidents_and_suspects(lay: Layout) -> list:
     return [incidents, suspects]
 
 
+def _repeat_offenders(lay: Layout):
+    """The hosts that were culprits most often over 30 days, every job: the first to drain. Each
+    incident (``job`` + ``id``) counts once per host, whatever points it left (innermost query)."""
+    return table(
+        "Hosts with the most incidents, 30 days",
+        [target(f"SELECT top(\"incidents\", \"host\", {TOP_HOSTS}) AS \"incidents\", \"gpu_hours_lost\" FROM ("
+                f"SELECT count(\"n\") AS \"incidents\", sum(\"gpu_hours_lost\") AS \"gpu_hours_lost\" FROM ("
+                f"SELECT count(\"status\") AS \"n\", max(\"gpu_hours_lost\") AS \"gpu_hours_lost\" "
+                f"FROM {source(schema.INCIDENT_HOST)} WHERE {MACHINES} AND {OPEN_WINDOW} "
+                f"GROUP BY \"host\", \"job\", \"id\") GROUP BY \"host\")",
+                table=True)],
+        lay.place(10, 9), sort_by="incidents",
+        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}, "indexByName": {
+            "host": 0, "incidents": 1, "gpu_hours_lost": 2}}}],
+        overrides=[{"matcher": {"id": "byName", "options": "gpu_hours_lost"},
+                    "properties": [{"id": "displayName", "value": "GPU-hours lost"},
+                                   {"id": "decimals", "value": 0}]}],
+        description=f"The {TOP_HOSTS} hosts named culprit in the most incidents (open or resolved) whose onset "
+                    "is in the last 30 days, in every job whichever is selected, and the GPU-hours those "
+                    "incidents cost their jobs. A host that slows again in another job is the first to drain; "
+                    "the incident's verdict says the same (its record).")
+
+
 def _annotations() -> list[InfluxAnnotation]:
     return [
         InfluxAnnotation("L1 change points",
@@ -109,6 +137,9 @@ def _annotations() -> list[InfluxAnnotation]:
         InfluxAnnotation("Incidents",
                          f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE {JOB} AND $timeFilter",
                          text_column="text", title_column="title", tags_column="tags", color="red"),
+        InfluxAnnotation("Restarts and job ends",
+                         f"SELECT \"text\", \"event\" FROM {source(schema.JOB_LIFECYCLE)} WHERE {JOB} AND $timeFilter",
+                         text_column="text", tags_column="event", color="blue"),
     ]
 
 
@@ -121,7 +152,7 @@ def spec() -> DashboardSpec:
     return DashboardSpec(
         uid=UID, title="rankscope / NOC overview",
         description="Iteration time of every job, open fail-slow incidents and their cost, top suspect ranks.",
-        panels=[*headline, iteration, *_incidents_and_suspects(lay)],
+        panels=[*headline, iteration, *_incidents_and_suspects(lay), _repeat_offenders(lay)],
         variables=[job_variable(multi=True)],
         annotations=_annotations(),
         time_from="now-6h", refresh="30s",

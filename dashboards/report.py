@@ -128,7 +128,7 @@ def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
     return _TEMPLATES.get_template("report.html.j2").render(
         incident=incident, action=action, facts=facts, ranks=ranks,
         group_ranks=format_ranks(incident.group_ranks), t_before=t_before, t_after=t_after,
-        evidence_numbers=json.dumps(shown) if shown else "", figures=figures,
+        evidence_numbers=json.dumps(shown) if shown else "", figures=figures, restarts=window.restarts or [],
         heatmap_count=len(heatmaps))
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 from rankscope import schema
 from rankscope.frames import LatencyCube, frame_to_cube
 from rankscope.incident import Incident
+from rankscope.job_steps import segments, step_numbers
 from rankscope.store import Store
 from rankscope.topology import Topology
 from rankscope.topology_inference import infer_topology
@@ -25,6 +26,7 @@ class IncidentWindow:
 
     topology: Topology
     cube: LatencyCube
+    restarts: list[dict] | None = None   # job_lifecycle points in the window (restarts, ends)
 
     @property
     def stages(self) -> list[str]:
@@ -70,10 +72,17 @@ def load_window(store: Store, incident: Incident, before_iterations: int = 20,
     df = store.read_stage_latency(incident.job, incident.onset_ms - before_ms, end)
     if not len(df):
         raise ValueError(f"job {incident.job!r} has no stage_latency around incident {incident.id}")
-    first = df[df["time"] == df["time"].max()]
+    # each rank's newest row (the ranks stamp by their own clocks: few share the newest time)
+    first = df.sort_values("time", kind="stable").drop_duplicates("rank", keep="last")
     topo = infer_topology(*(first[c].to_numpy() for c in ("rank", "tp", "pp", "dp", "ep_group", "node")))
     stages = [s for s in schema.stage_fields(df.columns) if pd.api.types.is_numeric_dtype(df[s])]
-    return IncidentWindow(topo, frame_to_cube(df, topo.world, stages))
+    # after a restart the same iteration numbers run again: the analyzer's steps keep them apart
+    life = store.read(schema.JOB_LIFECYCLE, incident.job)
+    if len(segments(life)):
+        df = df.assign(**{schema.ITERATION_FIELD: step_numbers(df["time"], df[schema.ITERATION_FIELD], life)})
+    shown = life[(life["time"] >= incident.onset_ms - before_ms) & (life["time"] <= end)] if len(life) else life
+    return IncidentWindow(topo, frame_to_cube(df, topo.world, stages),
+                          shown.sort_values("time").to_dict("records") if len(shown) else [])
 
 
 def rows_around(ranks: np.ndarray, world: int, pad: int) -> np.ndarray:

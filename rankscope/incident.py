@@ -140,6 +140,8 @@ class Incident:
     group that localised them; ``evidence`` holds the numbers behind the verdict;
     ``impact`` what it costs. A fault that comes and goes is one incident reopened:
     ``episodes`` counts its episodes, ``first_onset``/``last_onset`` their onsets.
+    ``host_record``: the culprit hosts' earlier incidents, in words ("": none; None: not looked up,
+    as an empty one reads back).
     """
 
     id: str
@@ -163,6 +165,7 @@ class Incident:
     episodes: int = 1
     first_onset: int = -1
     last_onset: int = -1
+    host_record: str | None = None
 
     def __post_init__(self) -> None:
         self.cls = IncidentClass(self.cls)
@@ -220,6 +223,7 @@ class Incident:
         if self.cost:
             lines.append(f"  {self.cost}")
         lines.append(f"  Action: {self.action}")
+        lines += [f"  Record: {self.host_record}"] if self.host_record else []
         lines += [f"  {e.sentence}" for e in self.events]
         return lines
 
@@ -243,6 +247,8 @@ class Incident:
         parts = [self.evidence.get("summary", self.title)]
         if self.cost:
             parts.append(self.cost)
+        if self.host_record:
+            parts.append(self.host_record)
         for e in self.events:
             parts.append(f"Event '{e.name}' on {e.where}: {e.verdict} ({e.reason}).")
         if self.status == Status.RESOLVED:
@@ -267,7 +273,7 @@ class Incident:
             "events": [e.to_json() for e in self.events],
             "title": self.title, "evidence": _plain(self.evidence), "impact": self.impact.to_json(),
             "episodes": int(self.episodes), "first_onset": int(self.first_onset),
-            "last_onset": int(self.last_onset),
+            "last_onset": int(self.last_onset), "host_record": self.host_record,
         }
 
     def to_row(self) -> dict:
@@ -283,7 +289,7 @@ class Incident:
             "events": json.dumps([e.to_json() for e in self.events]),
             "evidence": json.dumps(_plain(self.evidence)), "updated_ms": int(self.updated_ms),
             "episodes": int(self.episodes), "first_onset": int(self.first_onset),
-            "last_onset": int(self.last_onset),
+            "last_onset": int(self.last_onset), "host_record": self.host_record or "",
             **{k: float(getattr(self.impact, k)) for k in Impact.FIELDS},
         }
 
@@ -318,6 +324,7 @@ class Incident:
             impact=Impact.from_values({k: row.get(k) for k in Impact.FIELDS}),
             episodes=int(num("episodes", 1)), first_onset=int(num("first_onset", -1)),
             last_onset=int(num("last_onset", -1)),
+            host_record=row["host_record"] if isinstance(row.get("host_record"), str) and row["host_record"] else None,
         )
 
 

@@ -189,7 +189,8 @@ def _value_pieces(values: np.ndarray) -> list[np.ndarray | str]:
         return [_int_text(values), "i"]
     if values.dtype.kind == "b":
         return [np.where(values, "true", "false").astype(object)]
-    strs = pd.Series(values, dtype=object).astype(str)
+    strs = pd.Series(values, dtype=object)
+    strs = strs.where(strs.notna(), "").astype(str)   # a missing value is formatted, then left out
     return [('"' + strs.str.replace("\\", "\\\\", regex=False)
              .str.replace('"', '\\"', regex=False)
              .str.replace("\n", "\\n", regex=False)

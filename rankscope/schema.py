@@ -144,6 +144,8 @@ ROLLUP_HOST_HOUR = "rollup_host_1h"
 ROLLUP_HOUR_MS = 3_600_000
 INCIDENT_HOST = "incident_host"
 JOB_HEALTH = "job_health"
+#: A job's life as the analyzer saw it: restarts (iterations going back), jumps, its end.
+JOB_LIFECYCLE = "job_lifecycle"
 
 #: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
 #: and host). ``host`` (the machine's host name) and ``gpu`` (the local device index) are
@@ -154,7 +156,15 @@ ITERATION_FIELD = "iteration"
 ITERATION_MS_FIELD = "iteration_ms"
 #: The GPU's UUID (``GPU-...``), a string field where known: one value per rank, not a tag.
 GPU_UUID_FIELD = "gpu_uuid"
-RESERVED_FIELDS = frozenset({ITERATION_FIELD, ITERATION_MS_FIELD, GPU_UUID_FIELD, "time", *RANK_TAGS})
+#: The job's attempt (torchrun's ``TORCHELASTIC_RESTART_COUNT``: 0, then 1 after the first
+#: restart...), an integer field where the collector knows it: a field, not a tag, so a
+#: restart does not double the job's series. Without it the analyzer sees a restart by the
+#: iteration numbers going back (analyzer/read/attempts.py).
+ATTEMPT_FIELD = "attempt"
+#: Not stored: the column the analyzer's reader adds to the rows, the job's segment (restart).
+SEGMENT_COLUMN = "segment"
+RESERVED_FIELDS = frozenset({ITERATION_FIELD, ITERATION_MS_FIELD, GPU_UUID_FIELD, ATTEMPT_FIELD, SEGMENT_COLUMN,
+                             "time", *RANK_TAGS})
 
 
 #: The default stages of an MoE transformer iteration (IL-0477's job).
@@ -221,7 +231,8 @@ _WINDOW_FIELDS = {ITERATION_FIELD: "int", "iterations": "int", "ranks": "int", I
 MEASUREMENTS: dict[str, Measurement] = {
     STAGE_LATENCY: Measurement(
         STAGE_LATENCY, RANK_TAGS,
-        {ITERATION_FIELD: "int", ITERATION_MS_FIELD: "float", GPU_UUID_FIELD: "str", "<stage>": "float"},
+        {ITERATION_FIELD: "int", ITERATION_MS_FIELD: "float", GPU_UUID_FIELD: "str", ATTEMPT_FIELD: "int",
+         "<stage>": "float"},
         "one point per rank per iteration; one float field (ms) per stage",
     ),
     EVENT: Measurement(
@@ -257,7 +268,7 @@ MEASUREMENTS: dict[str, Measurement] = {
          "events": "str", "evidence": "str", "updated_ms": "int", "episodes": "int",
          "first_onset": "int", "last_onset": "int", "iteration_s_before": "float",
          "iteration_s_now": "float", "slowdown": "float", "gpu_hours_lost": "float",
-         "iteration_s_if_restored": "float"},
+         "iteration_s_if_restored": "float", "host_record": "str"},
         "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved); "
         "impact fields: what the incident costs the job (see rankscope.incident.Impact)",
     ),
@@ -305,6 +316,15 @@ MEASUREMENTS: dict[str, Measurement] = {
          "slowdown": "float", "gpu_hours_lost": "float"},
         "one point per incident and culprit host (what alert rules label alerts with); time = onset, "
         "rewritten in place as the incident evolves",
+    ),
+    JOB_LIFECYCLE: Measurement(
+        JOB_LIFECYCLE, ("job", "event"),
+        {"attempt": "int", ITERATION_FIELD: "int", "step": "int", "ranks": "int", "text": "str"},
+        "event = restart (iterations went back: a new attempt from a checkpoint), jump (iteration "
+        "numbers leapt forward) or ended (no point for the idle time); iteration = the framework's "
+        "first iteration of the attempt (ended: its last), step = the analyzer's count for it (the "
+        "iteration numbers of the analyzer's outputs); time = the attempt's first point (ended: the "
+        "job's last); the dashboards' restart annotations",
     ),
 }
 

@@ -72,7 +72,10 @@ def test_every_dashboard_query_returns_rows(il0477, name):
     n_targets = sum(len(p.get("targets", [])) for p in model["panels"])
     n_vars = sum(1 for v in model["templating"]["list"] if v["type"] == "query")
     assert len(ran) == n_targets + n_vars + len(model["annotations"]["list"])
-    empty = [f"{where}: {q}" for where, q, res in ran if res.rows == 0 and answers(q)]
+    # IL-0477 never restarted: the restarts' annotation is run on a job that did
+    # (tests/test_job_lifecycle.py)
+    empty = [f"{where}: {q}" for where, q, res in ran
+             if res.rows == 0 and answers(q) and schema.JOB_LIFECYCLE not in q]
     assert not empty, f"{name}: queries returned no rows ({il0477.source} data):\n" + "\n".join(empty)
     # a target for other column widths returns nothing here; the heatmap test runs it where it answers
     assert all(res.rows == 0 for _, q, res in ran if not answers(q)), name

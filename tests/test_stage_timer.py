@@ -15,6 +15,7 @@ from collector.stage_timer import MEGATRON_ALIASES, StageTimer, union_length
 from collector.stage_timing.cpu import CpuTiming
 from collector.stage_timing.cuda import CudaTiming
 from collector.stage_timing.timing import Iteration
+from rankscope import schema
 from rankscope.schema import SchemaError, StageSet
 from rankscope.topology import Topology
 
@@ -554,6 +555,23 @@ def test_detect_from_environment_and_topology():
         detect(env={"RANK": "4", "WORLD_SIZE": "4", "RANKSCOPE_JOB": "j"})
     with pytest.raises(ValueError, match="job name"):
         RankCoordinates.from_topology(topo, 0, "bad\njob")
+
+
+def test_torchrun_s_restart_count_is_every_point_s_attempt_field():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "RANKSCOPE_JOB": "j", "RANKSCOPE_HOST": "h1"}
+    coords, _ = detect(env=env)
+    assert coords.attempt is None and schema.ATTEMPT_FIELD not in coords.fields()
+    coords, _ = detect(env={**env, "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert coords.attempt == 2
+    row = coords.rows(7, 1_000, {"mlp": 1.0}).iloc[0]
+    assert row[schema.ATTEMPT_FIELD] == 2 and row["iteration"] == 7
+    timer = StageTimer(coords, sink=(points := []).append)
+    timer.step()
+    assert points[0][schema.ATTEMPT_FIELD] == 2                   # a field, not a tag
+    assert schema.ATTEMPT_FIELD not in coords.tags()
+    for bad in ("two", "-1"):
+        with pytest.raises(CoordinatesError, match="TORCHELASTIC_RESTART_COUNT"):
+            detect(env={**env, "TORCHELASTIC_RESTART_COUNT": bad})
 
 
 def test_detect_names_the_machine_host_argument_env_then_hostname():

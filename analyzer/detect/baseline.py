@@ -51,6 +51,12 @@ class Baseline:
         self.var = np.where(first, 0.0, np.where(take, (1 - w) * (self.var + w * d * d), self.var))
         self.count = self.count + take
 
+    def forget(self, cells: np.ndarray | None = None) -> None:
+        """Start ``cells`` (a mask or index over the first axis; None: all) afresh: what they
+        learned no longer holds (another GPU under a rank after a node swap)."""
+        sel = slice(None) if cells is None else cells
+        self.mean[sel], self.var[sel], self.count[sel] = 0.0, 0.0, 0
+
     def sigma(self) -> np.ndarray:
         """Exponentially weighted standard deviation of the learned values."""
         return np.sqrt(self.var)

@@ -128,7 +128,8 @@ class ArrivalRule(Rule):
         others = np.zeros(self.topo.world, dtype=bool)
         for inc in book.open():
             if inc.cls != IncidentClass.ARRIVAL_STRAGGLER:
-                others[np.asarray(inc.ranks, dtype=np.int64)] = True
+                r = np.asarray(inc.ranks, dtype=np.int64)
+                others[r[(r >= 0) & (r < self.topo.world)]] = True   # a rank the job no longer has: none
         confirmed = flag & (self.streak > self.cfg.transient_max) & ~self.held & ~others
         if not confirmed.any():
             return []

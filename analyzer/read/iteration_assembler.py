@@ -11,7 +11,8 @@ only to find *which* points are new; an iteration is identified by ``job`` + the
 - the oldest pending iteration is *ready* when every expected rank has reported, or when the
   data has moved ``wait_ms`` past it (a later iteration's typical time), or when the wall
   clock has (a job that hangs, or whose last points never come). Expected are the ranks
-  the caller names and every rank the assembler has ever seen, late rows included; before
+  the caller names and every rank the assembler has seen since the job's newest restart,
+  late rows included; before
   the caller knows the job (``expected=None``) an iteration goes on only by the wait: the
   first iteration's points may be only those of the hosts whose clocks run behind;
 - iterations are handed on in order; rows of an iteration already handed on are late and
@@ -51,6 +52,7 @@ import pandas as pd
 from rankscope import schema
 
 IT = schema.ITERATION_FIELD
+SEGMENT = schema.SEGMENT_COLUMN   # analyzer/read/attempts.py: the restart a row belongs to
 #: Iterations handed on whose ranks are remembered (re-reads reach a couple of minutes back).
 HANDED_KEPT = 32
 
@@ -80,6 +82,7 @@ class IterationAssembler:
         self._handed: dict[int, np.ndarray] = {}     # recent iterations handed on: their ranks
         self._skip = -1                              # iterations up to this are not ours
         self._seen_ms: int | None = None             # the newest row time added: older rows may be re-reads
+        self._segment = 0                            # the newest restart's segment (attempts.py)
 
     def skip_through(self, iteration: int) -> None:
         """Ignore iterations up to ``iteration`` (a reader starting inside the data: its oldest
@@ -96,7 +99,7 @@ class IterationAssembler:
         """Rows read from the store (any time range, overlaps and repeats allowed)."""
         if frame is None or not len(frame):
             return
-        self._ranks = np.union1d(self._ranks, frame["rank"].to_numpy(dtype=np.int64))
+        self._follow_ranks(frame)
         it = frame[IT].to_numpy(dtype=np.int64)
         times = frame["time"].to_numpy(dtype=np.int64)
         seen, self._seen_ms = self._seen_ms, int(times.max()) if self._seen_ms is None else max(
@@ -111,6 +114,18 @@ class IterationAssembler:
             return
         rows = frame if self._rows is None else pd.concat([self._rows, frame], ignore_index=True)
         self._rows = rows.drop_duplicates([IT, "rank"], keep="last").reset_index(drop=True)
+
+    def _follow_ranks(self, frame: pd.DataFrame) -> None:
+        """The ranks a whole iteration has: every rank seen since the job's newest restart
+        (``segment`` column, analyzer/read/attempts.py): ranks that left at a restart are
+        not waited for."""
+        ranks = frame["rank"].to_numpy(dtype=np.int64)
+        if SEGMENT in frame.columns:
+            seg = frame[SEGMENT].to_numpy(dtype=np.int64)
+            if int(seg.max()) > self._segment:
+                self._segment, self._ranks = int(seg.max()), np.empty(0, dtype=np.int64)
+            ranks = ranks[seg == self._segment]
+        self._ranks = np.union1d(self._ranks, ranks)
 
     def _count_late(self, late: pd.DataFrame, fresh: np.ndarray) -> None:
         """Count the rows of iterations handed on that were not there when they were, each

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.iteration_assembler import AssemblyCounts, IterationAssembler
 from analyzer.read.read_size import MAX_READ_ROWS, iterations_per_read
 from analyzer.read.row_layout import chunk_topology, described_placement, stages_of, topology_of
@@ -80,7 +81,10 @@ class IterationReader:
         self.store, self.job = store, job
         self.chunk, self.max_read_rows = chunk, max_read_rows
         self.until_ms = until_ms
+        self.since_ms = since_ms
         self.assembler = IterationAssembler(wait_ms)   # whole iterations out of the points
+        self.attempts = Attempts(job)                  # restarts: the rows' iterations as steps
+        self.lifecycle = pd.DataFrame()                # the job's job_lifecycle points, read at start
         self.cursor: int | None = None if since_ms is None else since_ms - 1
         self.read_until: int | None = None   # time (ms) of the newest point read
         self.replay: Replay | None = None
@@ -102,15 +106,22 @@ class IterationReader:
     # ------------------------------------------------------------ where to read
     def resume(self, history: int, wait_ms: int) -> None:
         """Where this cycle's reads start: again from a margin before what was read (points
-        written late are read too), or, nothing read yet, from the job's first point or, when
-        it was analyzed before, from its last ``history`` iterations."""
+        written late are read too), or, nothing read yet, from ``since_ms``, else from the
+        job's first point or, when it was analyzed before, from its last ``history``
+        iterations."""
         self.assembler.wait_ms = int(wait_ms)
         self.read_s, self._cut, self._informed = 0.0, False, None
         self._began = self.read_until
         if self.read_until is not None:
             self.cursor = self.read_until - LATE_MARGIN_MS
             return
+        if self.since_ms is not None:   # a reader of a range (or of a job from its first point)
+            self.cursor = self.since_ms - 1
+            return
         self.cursor = None
+        if self.until_ms is None:   # the segments a predecessor found, so steps number as before
+            self.lifecycle = self.store.read(schema.JOB_LIFECYCLE, self.job)
+            self.attempts.restore(self.lifecycle)
         analyzed = self.store.latest_times(schema.L2_GROUP, self.job, 1)
         if not analyzed:   # never analyzed: everything
             return
@@ -124,6 +135,17 @@ class IterationReader:
         so the next one reads it all again (rows of iterations handed on are neither handed
         on again nor counted late)."""
         self.read_until = self._began
+
+    def first_point_after(self, ms: int) -> int | None:
+        """The time of the job's first point after ``ms`` (None: nothing since)."""
+        after = self.store.next_times(schema.STAGE_LATENCY, self.job, ms, 1)
+        return int(after[0]) if after else None
+
+    def job_start_ms(self) -> int | None:
+        """Where the job under this name began, when an older one had it (None: no older one)."""
+        starts = [s.start_ms for s in self.attempts.segments[1:] if s.kind == "start"]
+        return max([*starts, *([self.since_ms] if self.since_ms is not None and self.until_ms is None else [])],
+                   default=None)
 
     def analyzed(self, ranks: int, last_iteration: int, world: int) -> None:
         """What the job's analyzer now knows: the ranks that reported (an iteration is whole
@@ -172,6 +194,11 @@ class IterationReader:
         newest = [t for t in (self.cursor, *ends) if t is not None]
         if len(frame):
             newest.append(int(frame["time"].max()))
+            before = len(self.attempts.segments)
+            frame = self.attempts.steps(frame)   # iterations as steps, across restarts
+            if len(self.attempts.segments) > before:
+                self.expected = None   # a restart: its ranks may be others (a shrink, a grow)
+        if len(frame):
             if self._cut:   # the oldest iteration read is partial: it, and the rest of it read later, go
                 first = int(frame[IT].min())
                 self.assembler.skip_through(first)
@@ -198,6 +225,7 @@ class IterationReader:
         older = IterationReader(self.store, self.job, self.chunk, self.max_read_rows, self.assembler.wait_ms,
                                 since_ms=since_ms - LATE_MARGIN_MS, until_ms=end + LATE_MARGIN_MS)
         older.world = world or self.world
+        older.attempts = self.attempts   # the same steps (its rows are older: no new restarts)
         for frame in older.chunks(final=True):
             its = frame[IT].to_numpy()
             stamped = frame.groupby(IT)["time"].transform("max").to_numpy()   # the iteration's time
@@ -208,17 +236,28 @@ class IterationReader:
 
     # ------------------------------------------------------------ what the rows say
     def topology(self, ready: pd.DataFrame) -> Topology:
-        """The topology (and placement) of the job's first whole iterations and the rows held."""
-        return topology_of(pd.concat([ready, self.assembler.pending()]))
+        """The topology (and placement) of the job's first whole iterations and the rows held
+        of the same segment (a held row of a restart, or of a new job under the name, may
+        describe another layout)."""
+        return topology_of(pd.concat([ready, self._held_like(ready)]))
 
     def stages(self, ready: pd.DataFrame, held: bool = False) -> StageSet:
-        """The known stages the rows have (``held``: and the rows the assembler holds)."""
-        return stages_of(pd.concat([ready, self.assembler.pending()]).columns if held else ready.columns)
+        """The known stages the rows have (``held``: and the rows the assembler holds of the
+        same segment)."""
+        return stages_of(pd.concat([ready, self._held_like(ready)]).columns if held else ready.columns)
 
-    def placement(self, ready: pd.DataFrame, topo: Topology) -> Topology | None:
+    def _held_like(self, ready: pd.DataFrame) -> pd.DataFrame:
+        """The rows the assembler holds of ``ready``'s segment."""
+        held = self.assembler.pending()
+        if len(held) and len(ready) and SEGMENT in held.columns and SEGMENT in ready.columns:
+            held = held[held[SEGMENT].to_numpy() == ready[SEGMENT].iloc[0]]
+        return held
+
+    def placement(self, ready: pd.DataFrame, topo: Topology, restart: bool = False) -> Topology | None:
         """The topology the rows' host tags describe when it is not ``topo`` (another layout,
-        or ranks on other nodes); None when they say nothing new."""
-        return described_placement(self.job, ready, topo)
+        or ranks on other nodes; ``restart``: the rows are a restart's first, where the job
+        may have shrunk); None when they say nothing new."""
+        return described_placement(self.job, ready, topo, restart)
 
     @staticmethod
     def chunk_topology(frame: pd.DataFrame, previous: Topology | None) -> Topology:

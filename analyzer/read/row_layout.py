@@ -55,16 +55,20 @@ def stages_of(columns) -> StageSet:
     return StageSet(tuple(known))
 
 
-def described_placement(job: str, frame: pd.DataFrame, topo: Topology) -> Topology | None:
+def described_placement(job: str, frame: pd.DataFrame, topo: Topology, restart: bool = False) -> Topology | None:
     """The topology the rows' host tags describe when it is not ``topo``: another parallel
     layout (``!=``: tp, pp, dp, ep, gpus_per_node or order differ) or the same layout with
     the ranks on other nodes or the host names now complete. None when the rows say nothing
-    new: no host tags, not every rank in them, or tags that describe no placement."""
+    new: no host tags, not every rank in them, or tags that describe no placement.
+
+    ``restart``: the rows are a restart's first; there a job may come back smaller (its
+    tags' sizes say so), and fewer ranks than ``topo`` describe that smaller layout. Anywhere
+    else fewer ranks are ranks gone silent, not a job that shrank."""
     if "host" not in frame.columns or not len(frame):
         return None
     # each rank's newest row: dropped points leave hardly any iteration with every rank
     last = frame.drop_duplicates("rank", keep="last")
-    if len(last) < topo.world:
+    if len(last) < topo.world and not restart:
         return None   # not every rank seen: that does not describe the placement
     try:
         seen = topology_of(last)
@@ -73,6 +77,8 @@ def described_placement(job: str, frame: pd.DataFrame, topo: Topology) -> Topolo
         return None
     if seen != topo:
         return seen
+    if len(last) < topo.world:
+        return None   # the same layout, some ranks' points not in yet
     if topo.same_placement(seen):
         return None
     moved = np.flatnonzero(topo.node_index != seen.node_index)

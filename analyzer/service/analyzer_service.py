@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 from tqdm import tqdm
@@ -44,8 +44,19 @@ from tqdm import tqdm
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.event_verdicts import OutOfBandEvent
 from analyzer.job_analyzer import JobAnalyzer
+from analyzer.read.attempts import SEGMENT, Attempts
+from analyzer.read.host_history import annotate_repeat_offenders
 from analyzer.read.iteration_reader import IT, LATE_MARGIN_MS, IterationReader
 from analyzer.read.read_size import MAX_READ_ROWS
+from analyzer.service.cycle_report import CycleFailed, CycleReport
+from analyzer.service.job_life import (
+    RANKS_LEFT,
+    JobEnd,
+    close_open,
+    ended_row,
+    left_ranks,
+    stored_end,
+)
 from analyzer.service.shards import Shard
 from analyzer.write.outputs import CycleOutputs, JobRollups
 from rankscope.frames import frame_to_cube
@@ -55,18 +66,6 @@ from rankscope.store import Store
 from rankscope.topology import Topology
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class CycleReport:
-    """What one cycle did, per job."""
-
-    iterations: dict[str, int] = field(default_factory=dict)
-    changepoints: int = 0
-    incidents: list[Incident] = field(default_factory=list)
-    read_s: float = 0.0
-    analyze_s: float = 0.0
-    write_s: float = 0.0
 
 
 class AnalyzerService:
@@ -91,6 +90,9 @@ class AnalyzerService:
         self.readers: dict[str, IterationReader] = {}   # each job's stage_latency, whole iterations
         self.rollups: dict[str, JobRollups] = {}        # each job's rollups, windows made in memory
         self.pending: dict[str, CycleOutputs] = {}      # each job's outputs not yet stored
+        self.ended: dict[str, JobEnd] = {}              # jobs that ended (released), until reused
+        self._started: dict[str, int] = {}              # the segment each job's analyzer began in
+        self._segment: dict[str, int] = {}              # the segment each job's analyzer was fed last
 
     def reconfigure(self, cfg: AnalyzerConfig) -> None:
         """New thresholds for every job from the next cycle on, no state lost."""
@@ -104,26 +106,68 @@ class AnalyzerService:
 
     # --------------------------------------------------------------- cycle
     def cycle(self, final: bool = False) -> CycleReport:
-        """One pass over every job. ``final`` also processes a possibly incomplete last iteration."""
+        """One pass over every job, ``concurrency`` at a time, each within its deadline (not in a
+        ``final`` cycle, which also processes a possibly incomplete last iteration); then the
+        jobs idle for ``job_idle_s`` end."""
         report = CycleReport()
-        failed: list[str] = []
-        for job in self._jobs():
-            try:
-                self._cycle_job(job, report, final)
-            except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others
-                log.error("job %s: analysis failed: %s: %s", job, type(exc).__name__, exc)
-                failed.append(f"{job} ({type(exc).__name__}: {exc})")
+        jobs = self._jobs()
+        workers = max(1, min(int(self.cfg.concurrency), len(jobs)))
+        if workers == 1:
+            results = [self._one_job(job, final) for job in jobs]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="analyze") as pool:
+                results = list(pool.map(lambda j: self._one_job(j, final), jobs))
+        failed = [err for part, err in results if err]
+        for part, _ in results:
+            report.merge(part)
+        if not final:
+            self._end_idle(report)
         if failed:
-            raise RuntimeError(f"the analysis of {len(failed)} job(s) failed, the others went on: "
-                               + "; ".join(failed))
+            raise CycleFailed(f"the analysis of {len(failed)} job(s) failed, the others went on: "
+                              + "; ".join(failed), report)
         return report
+
+    def _one_job(self, job: str, final: bool) -> tuple[CycleReport, str | None]:
+        """One job's cycle, its report and its failure (one job's trouble must not stop the others)."""
+        part, t0 = CycleReport(), time.perf_counter()
+        try:
+            self._cycle_job(job, part, final)
+            err = None
+        except Exception as exc:  # noqa: BLE001 - logged, reported, the others go on
+            log.error("job %s: analysis failed: %s: %s", job, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            err = f"{job} ({type(exc).__name__}: {exc})"
+        part.job_s[job] = time.perf_counter() - t0
+        return part, err
+
+    def _reader(self, job: str) -> IterationReader | None:
+        """The job's reader; None for a job that ended and wrote nothing since. A job that
+        ended and writes again is a new job under the same name: read from its first point,
+        its steps after the old job's."""
+        reader = self.readers.get(job)
+        if reader is not None:
+            return reader
+        end = self.ended.get(job) or stored_end(self.store, job)
+        reader = IterationReader(self.store, job, self.chunk, self.max_read_rows)
+        if end is not None:
+            after = reader.first_point_after(end.end_ms)
+            if after is None:
+                self.ended[job] = end
+                return None
+            log.info("job %s: a new job under the name of one that ended", job)
+            reader = IterationReader(self.store, job, self.chunk, self.max_read_rows, since_ms=after)
+            reader.attempts = Attempts(job, base_step=end.step + 1)
+            self.ended.pop(job, None)
+        reader.attempts.idle_ms = int(self.cfg.job_idle_s * 1000)
+        self.readers[job] = reader
+        return reader
 
     def _cycle_job(self, job: str, report: CycleReport, final: bool) -> None:
         """Store what a failed cycle analyzed, then read, feed, write. Nothing is taken as done
         before it is stored: on any failure the outputs made stay pending and the cursor goes
         back to where the cycle began."""
-        reader = self.readers.get(job) or self.readers.setdefault(
-            job, IterationReader(self.store, job, self.chunk, self.max_read_rows))
+        reader = self._reader(job)
+        if reader is None:
+            return
         out = self.pending.pop(job, None)
         try:
             reader.resume(self.cfg.history, int(self.cfg.iteration_wait_s * 1000))
@@ -146,7 +190,9 @@ class AnalyzerService:
 
     def _read_and_feed(self, job: str, reader: IterationReader, out: CycleOutputs, report: CycleReport,
                        final: bool) -> None:
-        """Every chunk of whole iterations the reader hands on, fed and rolled up."""
+        """Every chunk of whole iterations the reader hands on, fed and rolled up, until the
+        job's deadline (not in a ``final`` cycle): the rest is read next cycle."""
+        deadline = time.perf_counter() + self.cfg.job_deadline_s
         with tqdm(desc=f"analyze {job}", unit="it", disable=None if self.progress else True, leave=False,
                   dynamic_ncols=True) as bar:
             for ready in reader.chunks(final, self.clock):
@@ -154,6 +200,11 @@ class AnalyzerService:
                 ja = self._feed(job, reader, ready, out, report)
                 bar.update(out.iterations - before)
                 bar.set_postfix_str(f"iteration {ja.last_iteration}", refresh=False)
+                if not final and time.perf_counter() > deadline:
+                    log.info("job %s: deadline of %gs reached at step %d; the rest next cycle", job,
+                             self.cfg.job_deadline_s, ja.last_iteration)
+                    report.deferred.append(job)
+                    break
         reader.log_late()
         report.read_s += reader.read_s
 
@@ -165,6 +216,7 @@ class AnalyzerService:
         if rollups is not None:
             rollups.flush(self.store, ja.last_time_ms, int(self.clock() * 1000), final, force=True)
         if out.complete:
+            annotate_repeat_offenders(self.store, out.incidents.values())   # new ones: their hosts' record
             out.write(self.store)
             report.iterations[job] = report.iterations.get(job, 0) + out.iterations
             report.changepoints += len(out.changepoints)
@@ -173,10 +225,21 @@ class AnalyzerService:
 
     def _feed(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs,
               report: CycleReport) -> JobAnalyzer:
-        """Analyze the whole iterations of ``ready`` not analyzed yet and roll them up; returns
-        the job's analyzer. What reads (the analyzer's start, the events, a restart's windows)
-        comes before the iterations are fed."""
-        ja = self._analyzer(job, reader, ready)
+        """Feed ``ready`` a segment (restart) at a time: a segment can change the job's layout,
+        and a new job under the same name starts afresh; the restarts found are stored."""
+        segments = [ready] if SEGMENT not in ready.columns else [g for _, g in ready.groupby(SEGMENT, sort=True)]
+        for part in segments:
+            ja = self._feed_segment(job, reader, part, out, report)
+        out.lifecycle += [s.row(job) for s in reader.attempts.take_new()]
+        return ja
+
+    def _feed_segment(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs,
+                      report: CycleReport) -> JobAnalyzer:
+        """Analyze the whole iterations of ``ready`` not analyzed yet, but a restart's warm-up,
+        and roll them all up; returns the job's analyzer. What reads (the analyzer's start, the
+        events, a restart's windows) comes before the iterations are fed."""
+        self._new_job_segment(job, reader, ready, out)
+        ja = self._analyzer(job, reader, ready, out)
         events = reader.events(ja, ja.event_horizon_ms)   # once a cycle
         if events:   # a known event read again replaces itself
             ja.add_events([OutOfBandEvent.from_row(r) for r in events])
@@ -185,8 +248,11 @@ class AnalyzerService:
             return ja
         cube = frame_to_cube(ready, ja.topo.world, ja.stages.names)
         rollups = self._rollups(job, reader, ja, cube)
+        warm = reader.attempts.warm_up(ready[IT].to_numpy(), self.cfg.restart_warmup)
         t0 = time.perf_counter()
-        out.add(ja.feed(cube))
+        if not warm.all():
+            fed = cube if not warm.any() else frame_to_cube(ready[~warm], ja.topo.world, ja.stages.names)
+            out.add(ja.feed(fed))
         reader.analyzed(ja.reporting_ranks, ja.last_iteration, ja.topo.world)
         rollups.add(ja.topo, cube)
         t1 = time.perf_counter()
@@ -195,33 +261,67 @@ class AnalyzerService:
         report.write_s += time.perf_counter() - t1
         return ja
 
+    def _new_job_segment(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs) -> None:
+        """At a segment that starts a new job under the same name (the points resumed after the
+        idle time), the old job ends: its open incidents close as "job ended", and the next
+        analyzer starts afresh."""
+        if SEGMENT not in ready.columns or job not in self.analyzers:
+            return
+        k = int(ready[SEGMENT].iloc[0])
+        if reader.attempts.segments[k].kind != "start" or k <= self._started.get(job, 0):
+            return
+        old = self.analyzers.pop(job)
+        log.info("job %s: the job ended at step %d; a new job under its name from its next point", job,
+                 old.last_iteration)
+        for inc in close_open(old.incidents(), old.last_iteration):
+            out.incidents[inc.id] = inc
+        end = JobEnd(int(old.last_time_ms), int(old.last_iteration))
+        seg = reader.attempts.segments[k - 1]
+        out.lifecycle.append(ended_row(job, end, seg.attempt, end.step - seg.offset, old.topo.world))
+        self._started[job] = k
+
     # --------------------------------------------------------------- start
-    def _analyzer(self, job: str, reader: IterationReader, ready: pd.DataFrame) -> JobAnalyzer:
+    def _analyzer(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs) -> JobAnalyzer:
         """The job's analyzer for ``ready``: started from the first iterations; following the
         placement the rows describe (a replaced node, a scheduler's own placement); a new one
-        when the layout itself changed (a job resized under the same name), which takes over
-        the job's stored incidents."""
+        when the layout itself changed (a job that shrank or grew at a restart), which takes
+        over the job's incidents (those of ranks that left close)."""
         ja = self.analyzers.get(job)
+        k = int(ready[SEGMENT].iloc[0]) if SEGMENT in ready.columns and len(ready) else 0
+        restart, self._segment[job] = k > self._segment.get(job, k), k
         if ja is None:
             return self._start_job(job, self.topology or reader.topology(ready),
-                                   self.stages or reader.stages(ready, held=True))
+                                   self.stages or reader.stages(ready, held=True), out, reader.job_start_ms())
+        if restart:
+            ja.restarted()
         if self.topology is not None:
             return ja
-        topo = reader.placement(ready, ja.topo)
+        topo = reader.placement(ready, ja.topo, restart)
         if topo is None:
             return ja
         if topo == ja.topo:   # the same layout (hosts are not compared): the ranks elsewhere
             ja.replace_placement(topo)
             return ja
         log.warning("job %s: the parallel layout changed (%s -> %s); a new analyzer takes over", job, ja.topo, topo)
-        fresh = self._start_job(job, topo, self.stages or reader.stages(ready))
+        for inc in close_open(left_ranks(ja.incidents(), topo.world), ja.last_iteration, RANKS_LEFT):
+            out.incidents[inc.id] = inc
+        fresh = self._start_job(job, topo, self.stages or reader.stages(ready), out, incidents=ja.incidents())
         fresh.last_iteration = ja.last_iteration
         return fresh
 
-    def _start_job(self, job: str, topo: Topology, stages: StageSet) -> JobAnalyzer:
-        stored = load_incidents(self.store, job)   # read first: no analyzer without its incidents
+    def _start_job(self, job: str, topo: Topology, stages: StageSet, out: CycleOutputs, since_ms: int | None = None,
+                   incidents: list[Incident] | None = None) -> JobAnalyzer:
+        """A job's analyzer, continuing ``incidents`` (default: those stored, of the job since
+        ``since_ms``, where a job under the same name began). Open ones naming ranks the job no
+        longer has (it shrank while no analyzer ran) close, written with ``out``."""
+        if incidents is None:   # read first: no analyzer without its incidents
+            incidents = [i for i in load_incidents(self.store, job) if since_ms is None or i.onset_ms >= since_ms]
+        gone = left_ranks(incidents, topo.world)
+        for inc in gone:
+            close_open([inc], max(int(inc.last_onset), int(inc.onset_iteration)), RANKS_LEFT)
+            out.incidents[inc.id] = inc
         ja = self.analyzers[job] = JobAnalyzer(job, topo, stages, self.cfg)
-        ja.adopt(stored)
+        ja.adopt([i for i in incidents if i not in gone])
         log.info("job %s: %d ranks (tp=%d pp=%d dp=%d ep=%d), %d stages", job, topo.world, topo.tp,
                  topo.pp, topo.dp, topo.ep, len(stages))
         return ja
@@ -242,6 +342,37 @@ class AnalyzerService:
                 rollups.add(topo, frame_to_cube(frame, topo.world, ja.stages.names), write=False)
         self.rollups[job] = rollups
         return rollups
+
+    def _end_idle(self, report: CycleReport) -> None:
+        """Jobs with no new point for ``job_idle_s`` while the cluster wrote on have ended: their
+        open incidents close as "job ended", an ``ended`` point is written, their state released.
+        "Now" is the wall clock or the newest point of any job, whichever is older: when the
+        whole cluster stops writing (the collectors' path or the database is down) no job ends."""
+        newest = [r.read_until for r in list(self.readers.values()) if r.read_until is not None]
+        now_ms = min(int(self.clock() * 1000), max(newest, default=0))
+        for job in [j for j, r in self.readers.items() if j in self.analyzers and j not in self.pending]:
+            reader = self.readers[job]
+            if reader.read_until is None or now_ms - reader.read_until < self.cfg.job_idle_s * 1000:
+                continue
+            ja, seg = self.analyzers[job], reader.attempts.segments[-1]
+            end = JobEnd(int(reader.read_until), int(max(ja.last_iteration, reader.attempts.high[-1])))
+            out = CycleOutputs(lifecycle=[ended_row(job, end, seg.attempt, end.step - seg.offset, ja.topo.world)])
+            for inc in close_open(ja.incidents(), ja.last_iteration):
+                out.incidents[inc.id] = inc
+            try:
+                if job in self.rollups:
+                    self.rollups[job].flush(self.store, ja.last_time_ms, now_ms, final=True, force=True)
+                out.write(self.store)
+            except Exception as exc:  # noqa: BLE001 - tried again next cycle, state kept
+                log.error("job %s: storing its end failed: %s: %s", job, type(exc).__name__, exc)
+                continue
+            log.info("job %s: ended (no point for %gs); %d incident(s) closed, its state released", job,
+                     self.cfg.job_idle_s, len(out.incidents))
+            report.incidents += list(out.incidents.values())
+            report.ended.append(job)
+            self.ended[job] = end
+            for held in (self.analyzers, self.readers, self.rollups, self._started, self._segment):
+                held.pop(job, None)
 
     def stored_incidents(self, job: str | None = None) -> list[Incident]:
         """Every incident of the analyzed jobs as the store holds them (also those resolved

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from analyzer.service.analyzer_service import AnalyzerService
 from analyzer.service.config_watch import ConfigWatcher
+from analyzer.service.cycle_report import CycleFailed
 
 log = logging.getLogger("rankscope.analyze")
 
@@ -84,8 +85,12 @@ class CycleGuard:
 
 def safe_cycle(svc: AnalyzerService) -> bool:
     """One cycle; an error (database down, bad data) is logged, not raised, so the next cycle runs."""
+    ok = True
     try:
         report = svc.cycle()
+    except CycleFailed as exc:   # some jobs failed: what the others did is said all the same
+        log.error("analyzer cycle failed: %s: %s", type(exc).__name__, exc)
+        report, ok = exc.report, False
     except Exception as exc:  # noqa: BLE001 - the scheduler must go on
         log.error("analyzer cycle failed: %s: %s", type(exc).__name__, exc)
         return False
@@ -95,7 +100,7 @@ def safe_cycle(svc: AnalyzerService) -> bool:
         log.info("cycle: %s; read %.2fs analysis %.2fs write %.2fs",
                  ", ".join(f"{j}: {n} it" for j, n in report.iterations.items()),
                  report.read_s, report.analyze_s, report.write_s)
-    return True
+    return ok
 
 
 class _DropSkipNotices(logging.Filter):

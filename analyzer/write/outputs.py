@@ -98,6 +98,7 @@ class CycleOutputs:
     iterations: int = 0
     l2: tuple[pd.DataFrame, pd.DataFrame] | None = None
     health: dict | None = None
+    lifecycle: list[dict] = field(default_factory=list)   # job_lifecycle: restarts, its end
 
     def add(self, result) -> None:
         """A :class:`~analyzer.job_analyzer.FeedResult`."""
@@ -119,7 +120,10 @@ class CycleOutputs:
         """``l1_changepoint``, ``incident`` and ``incident_host``, the ``l2_rank`` frame, the
         ``job_health`` row and the ``l2_group`` frame last: a restarted analyzer takes the
         newest ``l2_group`` point for what was analyzed and stored (the cycle stores its
-        rollups before these). Each is keyed by time and tags: written again, the same points."""
+        rollups before these). Each is keyed by time and tags: written again, the same points.
+        ``job_lifecycle`` first: the steps of everything else are numbered by it."""
+        if self.lifecycle:
+            store.write_measurement(schema.JOB_LIFECYCLE, pd.DataFrame(self.lifecycle))
         if self.changepoints:
             store.write_measurement(schema.L1_CHANGEPOINT, pd.DataFrame([c.to_row() for c in self.changepoints]))
         if self.incidents:

@@ -156,7 +156,8 @@ class Store(ABC):
         if "job" not in tags or "rank" not in tags:
             raise ValueError("stage_latency frames need job and rank columns")
         stages = schema.stage_fields(frame.columns)
-        fields = [schema.ITERATION_FIELD, schema.ITERATION_MS_FIELD, schema.GPU_UUID_FIELD, *stages]
+        fields = [schema.ITERATION_FIELD, schema.ITERATION_MS_FIELD, schema.GPU_UUID_FIELD, schema.ATTEMPT_FIELD,
+                  *stages]
         fields = [f for f in fields if f in frame.columns]
         return self.write(schema.STAGE_LATENCY, frame, tags, fields,
                           nonnegative=[schema.ITERATION_MS_FIELD, *stages])
