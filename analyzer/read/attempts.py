@@ -17,8 +17,10 @@ A segment begins
   are one boundary when they lie within ``merge_ms`` of each other (host clocks differ by
   seconds, a restart takes minutes); a row belongs to the newest segment begun at or before
   its time;
-- at a **start**: a rank writes again after more than ``idle_ms`` without a point: the job had
-  ended, and a new job reuses its name (the analyzer starts afresh there);
+- at a **start**: a rank writes again after more than ``idle_ms`` without a point, from an
+  iteration not past its previous one: the job had ended, and a new job reuses its name (the
+  analyzer starts afresh there). Iterations that go on after such a gap are the same job (its
+  collectors were down, or a trace has a gap);
 - a rank written from another host than the one it runs on, with no pause between (two jobs
   under one name), is bad input: those rows are refused and said;
 - at a **jump**: at least half the ranks' iterations leap more than ``max_jump`` past their
@@ -266,7 +268,10 @@ class Attempts:
         self._follow_period(q.t - q.p_t, q.has_prev & (q.it == q.p_it + 1))
         paused = q.has_prev & (q.t - q.p_t > max(self.min_gap_ms, 3 * self.period_ms))
         restart = q.has_prev & (grew | ((q.it <= q.p_it) & paused & (q.att < 0)))
-        start = q.has_prev & (q.t - q.p_t > self.idle_ms) if self.idle_ms is not None else np.zeros(len(q.t), bool)
+        # a new job under the name: points again after the idle time, from an iteration not past the
+        # old one's (going on past it is the same job after an outage of its collectors or a gap in a trace)
+        start = (q.has_prev & (q.t - q.p_t > self.idle_ms) & (q.it <= q.p_it) if self.idle_ms is not None
+                 else np.zeros(len(q.t), bool))
         restart &= ~start
         jump = q.has_prev & ~restart & ~start & (q.it > q.p_it + self.max_jump)
         self._restarts(q.t[start], q.it[start], q.att[start], q.r[start], "start")

@@ -91,8 +91,8 @@ class AnalyzerService:
         self.rollups: dict[str, JobRollups] = {}        # each job's rollups, windows made in memory
         self.pending: dict[str, CycleOutputs] = {}      # each job's outputs not yet stored
         self.ended: dict[str, JobEnd] = {}              # jobs that ended (released), until reused
-        self._started: dict[str, int] = {}              # the segment each job's analyzer began in
-        self._segment: dict[str, int] = {}              # the segment each job's analyzer was fed last
+        self._started: dict[str, int] = {}   # the segment each job's analyzer began in; ... was fed last:
+        self._segment: dict[str, int] = {}
 
     def reconfigure(self, cfg: AnalyzerConfig) -> None:
         """New thresholds for every job from the next cycle on, no state lost."""
@@ -271,8 +271,7 @@ class AnalyzerService:
         if reader.attempts.segments[k].kind != "start" or k <= self._started.get(job, 0):
             return
         old = self.analyzers.pop(job)
-        log.info("job %s: the job ended at step %d; a new job under its name from its next point", job,
-                 old.last_iteration)
+        log.info("job %s: the job ended at step %d; a new job under its name from its next point", job, old.last_iteration)
         for inc in close_open(old.incidents(), old.last_iteration):
             out.incidents[inc.id] = inc
         end = JobEnd(int(old.last_time_ms), int(old.last_iteration))
