@@ -260,9 +260,15 @@ class InfluxStore(RetentionLayout, Store):
     def _probe(self, measurement: str, job: str) -> dict[str, str] | None:
         """The tag filter of one series to read timestamps from: the rank of the job's latest
         point (it reports at the end), so a timestamp query touches one series, not 12,960.
-        None when the job (or the database) has no point; ``{}`` when points carry no rank."""
+        None when the job (or the database) has no point; ``{}`` when points carry no rank.
+
+        It looks at the newest point of every series of the job: for ``stage_latency`` one
+        field of each (``iteration``) and the rank, not all of them (InfluxDB's cost grows with
+        series times fields: 0.9 s, not 6 s, at 100,000 ranks)."""
+        what = f"{quote_ident(schema.ITERATION_FIELD)}, {quote_ident('rank')}" \
+            if measurement == schema.STAGE_LATENCY else "*"
         try:
-            last = self.query_raw(f"SELECT * FROM {self.source(measurement)}"
+            last = self.query_raw(f"SELECT {what} FROM {self.source(measurement)}"
                                   f"{where_clause(job, None, None, None)} ORDER BY time DESC LIMIT 1")
         except StoreError as exc:
             if "database not found" in str(exc):
@@ -270,7 +276,9 @@ class InfluxStore(RetentionLayout, Store):
             raise
         if not len(last):
             return None
-        return {"rank": str(last["rank"].iloc[0])} if "rank" in last.columns else {}
+        if "rank" not in last.columns or pd.isna(last["rank"].iloc[0]) or last["rank"].iloc[0] == "":
+            return {}
+        return {"rank": str(last["rank"].iloc[0])}
 
     def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
         probe = self._probe(measurement, job)
