@@ -5,8 +5,9 @@ Markdown section. Results of each area are kept in ``benchmarks/results/<area>.m
 and BENCHMARKS.md is assembled from all of them, so running one area refreshes its
 section without losing the others.
 
-    python -m benchmarks.run               # every area
+    python -m benchmarks.run               # every area (but those run only when named)
     python -m benchmarks.run encoder sim   # only these areas
+    python -m benchmarks.run fleet         # the cluster day: hours at full scale, so only when named
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+#: Areas run only when named: the cluster day (``bench_fleet.py``) takes hours at its full scale.
+NAMED_ONLY = ("fleet",)
 
 
 @dataclass
@@ -84,10 +87,11 @@ def assemble() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("areas", nargs="*", help=f"areas to run (default all: {', '.join(areas())})")
+    ap.add_argument("areas", nargs="*", help=f"areas to run (default all: {', '.join(areas())}; but "
+                                             f"{', '.join(NAMED_ONLY)}, run only when named)")
     ap.add_argument("--repeat", type=int, default=7, help="timed repetitions per measurement (default 7)")
     args = ap.parse_args(argv)
-    chosen = args.areas or areas()
+    chosen = args.areas or [a for a in areas() if a not in NAMED_ONLY]
     unknown = set(chosen) - set(areas())
     if unknown:
         ap.error(f"unknown area(s) {', '.join(sorted(unknown))}; known: {', '.join(areas())}")
