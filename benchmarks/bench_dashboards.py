@@ -173,11 +173,7 @@ def _big_rollup(ctx) -> tuple[float, int, int]:
 
 
 def run(ctx) -> str:
-    server = None
-    url = influx_server.external_url()
-    if url is None:
-        server = CompactingServer().start()
-        url = server.url
+    server, url = influx_server.server_or_external(CompactingServer)
     db = f"bench_dash_{uuid.uuid4().hex[:8]}"
     store = InfluxStore(url, bucket=db, api="v1", retention=Retention())
     start = (int(time.time() * 1000) - (ITERATIONS + 2) * STEP_MS) // 60_000 * 60_000

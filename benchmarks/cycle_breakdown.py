@@ -175,13 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "server of RANKSCOPE_TEST_INFLUX_URL): not written again")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from tests.influx_server import InfluxServer, external_url
+    from tests.influx_server import server_or_external
 
-    server = None
-    url = external_url()
-    if url is None:
-        server = InfluxServer().start()
-        url = server.url
+    server, url = server_or_external()
     bucket = args.bucket or f"breakdown_{uuid.uuid4().hex[:8]}"
     trees = {"this tree": ROOT}
     if args.baseline:

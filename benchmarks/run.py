@@ -96,13 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown area(s) {', '.join(sorted(unknown))}; known: {', '.join(areas())}")
     sys.path.insert(0, str(ROOT))
-    from tests.influx_server import InfluxServer, external_url
+    from tests.influx_server import server_or_external
 
-    server = None
-    url = external_url()
-    if url is None:
-        server = InfluxServer().start()
-        url = server.url
+    server, url = server_or_external()
     RESULTS.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     try:

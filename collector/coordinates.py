@@ -145,15 +145,7 @@ def local_gpu(env: Mapping[str, str] | None = None, cuda: Any = None) -> tuple[i
     for ``torch.cuda`` (default: that module, when torch is installed).
     """
     env = os.environ if env is None else env
-    gpu: int | None = None
-    raw = env.get("LOCAL_RANK")
-    if raw not in (None, ""):
-        try:
-            gpu = int(raw)
-        except ValueError:
-            raise CoordinatesError(f"LOCAL_RANK={raw!r} is not an integer") from None
-        if gpu < 0:
-            raise CoordinatesError(f"LOCAL_RANK={raw!r} is negative")
+    gpu = _env_count(env, "LOCAL_RANK")
     if cuda is None:
         try:
             import torch
@@ -180,17 +172,21 @@ def local_gpu(env: Mapping[str, str] | None = None, cuda: Any = None) -> tuple[i
 
 def attempt(env: Mapping[str, str] | None = None) -> int | None:
     """How often torchrun restarted the job: ``TORCHELASTIC_RESTART_COUNT`` (None outside torchrun)."""
-    env = os.environ if env is None else env
-    raw = env.get("TORCHELASTIC_RESTART_COUNT")
+    return _env_count(os.environ if env is None else env, "TORCHELASTIC_RESTART_COUNT")
+
+
+def _env_count(env: Mapping[str, str], name: str) -> int | None:
+    """The non-negative integer in ``env[name]`` (None: unset or empty); anything else is an error naming it."""
+    raw = env.get(name)
     if raw in (None, ""):
         return None
     try:
-        count = int(raw)
+        value = int(raw)
     except ValueError:
-        raise CoordinatesError(f"TORCHELASTIC_RESTART_COUNT={raw!r} is not an integer") from None
-    if count < 0:
-        raise CoordinatesError(f"TORCHELASTIC_RESTART_COUNT={raw!r} is negative")
-    return count
+        raise CoordinatesError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise CoordinatesError(f"{name}={raw!r} is negative")
+    return value
 
 
 def job_name(job: str | None = None, env: Mapping[str, str] | None = None) -> str:

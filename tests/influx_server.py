@@ -97,3 +97,13 @@ class InfluxServer:
 
 def external_url() -> str | None:
     return os.environ.get("RANKSCOPE_TEST_INFLUX_URL") or None
+
+
+def server_or_external(server_class: type[InfluxServer] = InfluxServer) -> tuple[InfluxServer | None, str]:
+    """``(server, url)``: RANKSCOPE_TEST_INFLUX_URL's server (``server`` None: not ours to stop),
+    else a ``server_class`` started here (the caller cleans it up)."""
+    url = external_url()
+    if url is not None:
+        return None, url
+    server = server_class().start()
+    return server, server.url

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from rankscope import schema
 from rankscope.incident import Incident
@@ -69,8 +68,3 @@ def left_ranks(incidents: list[Incident], world: int) -> list[Incident]:
     """Open incidents naming ranks outside a job of ``world`` ranks (it shrank): their
     evidence no longer fits the job."""
     return [i for i in incidents if i.is_open and i.ranks and int(np.max(i.ranks)) >= world]
-
-
-def lifecycle_frame(rows: list[dict]) -> pd.DataFrame:
-    """``job_lifecycle`` points for :meth:`Store.write_measurement`."""
-    return pd.DataFrame(rows)
