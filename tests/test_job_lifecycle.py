@@ -238,6 +238,24 @@ def test_a_job_that_stops_writing_ends_and_a_restarted_service_does_not_revive_i
     assert _lifecycle(influx_store, "done")["event"].tolist() == ["ended"]
 
 
+def test_a_job_read_only_in_part_by_a_catch_up_does_not_end(influx_store):
+    """A catch-up cut short by the job's deadline leaves the job's reader hours behind the
+    others': the job has not stopped writing, and must not end (nor come back as a new job)."""
+    from analyzer.config import AnalyzerConfig
+
+    end = _piece(influx_store, "behind", 0, 60, T0)
+    later = _piece(influx_store, "ahead", 0, 10, end + 2 * 3600_000, seed=6)
+    svc = AnalyzerService(influx_store, AnalyzerConfig(job_deadline_s=1e-6), chunk_iterations=5,
+                          clock=lambda: (later + 60_000) / 1000)
+    for _ in range(40):
+        svc.cycle()
+        if "behind" not in svc.analyzers:
+            break
+        assert _lifecycle(influx_store, "behind").empty, "ended while its reader was behind"
+    life = _lifecycle(influx_store, "behind")          # read to its end, one job all along, then ended
+    assert life["event"].tolist() == ["ended"] and int(life["iteration"].iloc[0]) == 59
+
+
 def test_one_job_failing_does_not_hide_what_the_cycle_did_for_the_others(influx_store, monkeypatch, caplog):
     from analyzer.service.schedule import safe_cycle
 

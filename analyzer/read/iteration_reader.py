@@ -183,6 +183,11 @@ class IterationReader:
             if len(ready):
                 yield from self._hand(ready)
 
+    def took(self) -> None:
+        """The chunk handed on last is taken (fed), though the caller stops asking for more (a
+        deadline): the next cycle goes on after it instead of handing it on again."""
+        self._held = None
+
     def _hand(self, ready: pd.DataFrame) -> Iterator[pd.DataFrame]:
         """Hand ``ready`` on, held until the caller comes back for more."""
         self._held = ready

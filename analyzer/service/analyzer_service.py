@@ -23,12 +23,11 @@ cycle first stores the outputs of a cycle that analyzed all it read, as they wer
 reads again; a cycle that failed before it analyzed all it read leaves its outputs to the
 next, which adds its own (its L2 and health points are those of the state it ends in).
 
-After a restart the state is rebuilt from the database: the job's incidents
-are read back (an open one keeps its id; the diagnosis joins the re-detected
-culprits to it rather than opening a second one), the last ``history``
-iterations are replayed to warm the detectors up, and the ``rollup_host_5m``
-windows its predecessor stored are read once, from the hour of the first window
-to write (:meth:`~analyzer.write.outputs.JobRollups.resume`).
+After a restart the state is rebuilt from the database: the job's incidents are read back (an
+open one keeps its id; the diagnosis joins the re-detected culprits to it rather than opening a
+second one), the last ``history`` iterations are replayed to warm the detectors up, and the
+``rollup_host_5m`` windows its predecessor stored are read once, from the hour of the first
+window to write (:meth:`~analyzer.write.outputs.JobRollups.resume`).
 """
 
 from __future__ import annotations
@@ -54,6 +53,7 @@ from analyzer.service.job_life import (
     JobEnd,
     close_open,
     ended_row,
+    idle,
     left_ranks,
     stored_end,
 )
@@ -198,6 +198,7 @@ class AnalyzerService:
             for ready in reader.chunks(final, self.clock):
                 before = out.iterations
                 ja = self._feed(job, reader, ready, out, report)
+                reader.took()
                 bar.update(out.iterations - before)
                 bar.set_postfix_str(f"iteration {ja.last_iteration}", refresh=False)
                 if not final and time.perf_counter() > deadline:
@@ -349,10 +350,9 @@ class AnalyzerService:
         whole cluster stops writing (the collectors' path or the database is down) no job ends."""
         newest = [r.read_until for r in list(self.readers.values()) if r.read_until is not None]
         now_ms = min(int(self.clock() * 1000), max(newest, default=0))
-        for job in [j for j, r in self.readers.items() if j in self.analyzers and j not in self.pending]:
+        for job in [j for j, r in self.readers.items() if j in self.analyzers and j not in self.pending
+                    and idle(r, now_ms, self.cfg.job_idle_s)]:
             reader = self.readers[job]
-            if reader.read_until is None or now_ms - reader.read_until < self.cfg.job_idle_s * 1000:
-                continue
             ja, seg = self.analyzers[job], reader.attempts.segments[-1]
             end = JobEnd(int(reader.read_until), int(max(ja.last_iteration, reader.attempts.high[-1])))
             out = CycleOutputs(lifecycle=[ended_row(job, end, seg.attempt, end.step - seg.offset, ja.topo.world)])

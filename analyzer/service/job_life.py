@@ -12,12 +12,16 @@ follow the old job's: nothing of the old one is overwritten).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rankscope import schema
 from rankscope.incident import Incident
 from rankscope.store import Store
+
+if TYPE_CHECKING:
+    from analyzer.read.iteration_reader import IterationReader
 
 #: What the verdict of an incident closed by its job's end says.
 JOB_ENDED = "job ended"
@@ -31,6 +35,14 @@ class JobEnd:
 
     end_ms: int
     step: int
+
+
+def idle(reader: IterationReader, now_ms: int, idle_s: float) -> bool:
+    """Whether the job ``reader`` reads wrote nothing for ``idle_s`` before ``now_ms``: nothing
+    read within it, and nothing stored after the newest point read (a reader behind, as in a
+    catch-up stopped by its deadline, has not seen the job's end)."""
+    last = reader.read_until
+    return last is not None and now_ms - last >= idle_s * 1000 and reader.first_point_after(last) is None
 
 
 def close_open(incidents: list[Incident], step: int, reason: str = JOB_ENDED) -> list[Incident]:
