@@ -110,7 +110,7 @@ def _stragglers() -> list[str]:
             "over all workers: no culprit (second to it, a long last stage)"}
     for name in ("AR", "ST", "SE"):
         meta = read_meta(DATA / f"meta-{name}.yaml")
-        ops = load([DATA / f"trace-{name}.parquet"])
+        ops, _ = load([DATA / f"trace-{name}.parquet"])
         with tempfile.TemporaryDirectory() as d, EmbeddedStore(Path(d) / "s.db") as st:
             frame, _ = stage_frame(ops, name.lower(), T0, ranks_per_worker=meta["tp_size"] * meta["dsp_size"])
             st.write_stage_latency(frame)

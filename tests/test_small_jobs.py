@@ -77,3 +77,13 @@ def test_the_chance_tests_ask_the_same_of_every_size():
     assert not wide_or_long(1, 2, 0.002, 16, 8, 0.01)
     assert wide_or_long(1, 3, 0.002, 16, 8, 0.01)
     assert not wide_or_long(1, 3, 0.002, 16, 12_960, 0.01)
+
+
+def test_a_stall_of_half_the_job_at_once_is_found(embedded_store):
+    # one node of a 2-node job stalls 14x for 2 iterations: half of every group is out, so the
+    # stage's sigma across ranks is the gap between the halves; its recent past is not
+    topo = {"tp": 1, "pp": 1, "dp": 16, "ep": 8, "gpus_per_node": 8}    # 16 ranks, 2 nodes
+    fault = {**_stall(0, 14.0, 40), "ranks": "8-15", "end": 42}
+    _, incidents = shaped_store_run(embedded_store, topo, [fault], iterations=60, seed=4, job="half")
+    assert [(i["class"], i["ranks"], i["onset_iteration"]) for i in incidents] == [
+        ("transient_stall", list(range(8, 16)), 40)]

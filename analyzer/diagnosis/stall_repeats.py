@@ -50,19 +50,22 @@ def repeats_needed(rate: float, window: int, world: int, least: int, alpha: floa
     return k
 
 
-def wide_or_long(units: int, iterations: int, rate: float, place: int, places: int, alpha: float) -> bool:
+def wide_or_long(units: int, iterations: int, rate: float, place: int, places: int, alpha: float,
+                 span: int = 1) -> bool:
     """Whether a stall of ``units`` TP groups side by side (one place of ``place`` TP groups, of
     ``places`` in the job), seen for ``iterations`` iterations in a row, is more than sporadic
-    stalls at ``rate`` per TP group and iteration explain: that many stalling together in one
-    iteration, or one of them again in each next iteration, has probability at most ``alpha``
-    on any place of the job.
+    stalls at ``rate`` per TP group and iteration explain: that many stalling together (their
+    onsets within ``span`` iterations, as the stall was gathered), or one of them again in each
+    next iteration, has probability at most ``alpha`` on any place of the job.
 
         >>> wide_or_long(2, 1, 0.0, 16, 64, 0.01), wide_or_long(2, 1, 0.002, 16, 12_960, 0.01)
         (True, False)
         >>> wide_or_long(1, 2, 0.002, 16, 8, 0.01), wide_or_long(1, 3, 0.002, 16, 8, 0.01)
         (False, True)
+        >>> wide_or_long(2, 1, 0.0001, 16, 6, 0.01), wide_or_long(2, 1, 0.0001, 16, 6, 0.01, span=7)
+        (True, False)
     """
-    wide = units >= 2 and places * poisson_tail(units - 1, rate * max(place - 1, 0)) <= alpha
+    wide = units >= 2 and places * poisson_tail(units - 1, rate * max(place - 1, 0) * max(span, 1)) <= alpha
     long = iterations >= 2 and places * rate ** (iterations - 1) <= alpha
     return bool(wide or long)
 

@@ -164,11 +164,12 @@ class TransientStallRule(Rule):
         beside = (self._going(s, obs) & np.isin(topo.node_index, topo.node_index[ranks])
                   & (np.abs(self.cells.onset[:, s] - onset) < onset_gap(cfg.transient_max)))
         units = len(np.unique(topo.group_ids("tp")[np.union1d(ranks, np.flatnonzero(beside))]))
+        span = 2 * onset_gap(cfg.transient_max) - 1   # the onsets gathered into it: this one's, +- a gap
         rate = self.repeats.rate(ranks, obs.iteration, cfg.reopen_within)
         place = max(1, min(2 * topo.gpus_per_node, topo.world) // topo.tp)
         unlikely = (self.repeats.iterations > cfg.l1_min_history
                     and wide_or_long(units, int(self.out_n[ranks, s].max()), rate, place, max(1, topo.world // topo.tp),
-                                     cfg.stall_repeat_alpha))
+                                     cfg.stall_repeat_alpha, span))
         repeated = self.repeats.repeats(ranks, obs.iteration, cfg.reopen_within, max(1, cfg.stall_repeat),
                                         cfg.stall_repeat_alpha)
         return StallPart(ranks, onsets, s, cost, gpu_h, unlikely or repeated,

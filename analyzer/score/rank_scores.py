@@ -11,7 +11,7 @@ on the same shapes. The log of that ratio is compared with
 - a single iteration far out (``spike_ratio``): transient stalls;
 
 each also ``z`` robust sigmas out, the sigma measured across all ranks of the
-stage this iteration. Communication stages are scored the same way against the
+stage this iteration, at most twice its recent level (:mod:`analyzer.detect.noise_scale`). Communication stages are scored the same way against the
 group their collective runs in (EP for dispatch/combine, DP for
 reduce_scatter/all_gather, the pipeline for p2p), which is the evidence of who
 waited and who arrived last.
@@ -36,6 +36,7 @@ from analyzer.config import AnalyzerConfig
 from analyzer.detect.baseline import Baseline
 from analyzer.detect.fast_median import median3, nanmedian
 from analyzer.detect.group_scores import group_medians, group_quantiles, sampled_sigma
+from analyzer.detect.noise_scale import NoiseScale
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
 
@@ -70,6 +71,8 @@ class RankScorer:
         self.hist = np.full((self.cfg.smooth, n, s), np.nan)
         self.prev_hot = np.zeros((n, s), dtype=bool)
         self.t = 0
+        # each sigma capped by its recent past: half a group stalling at once cannot inflate it
+        self.noise = {k: NoiseScale(s) for k in ("smooth", "now", "lr")}
         self._kinds = sorted(set(self.ref_kind))
         # peers from other layers: the DP partner decides whether a rank stands out at all
         self._dp_check = topo.dp == 2 and peer_kind(topo) != "dp" and bool(self.cause.any())
@@ -123,9 +126,9 @@ class RankScorer:
             lr_s = nanmedian(self.hist[:k], axis=0)
         rel = self.baseline.deviation(lr_s)
         rel_now = self.baseline.deviation(lr)
-        sig = np.maximum(sampled_sigma(rel), cfg.min_sigma)        # [S]
-        sig_now = np.maximum(sampled_sigma(rel_now), cfg.min_sigma)
-        sig_lr = np.maximum(sampled_sigma(lr_s), cfg.min_sigma)
+        sig = np.maximum(self.noise["smooth"].update(sampled_sigma(rel)), cfg.min_sigma)   # [S]
+        sig_now = np.maximum(self.noise["now"].update(sampled_sigma(rel_now)), cfg.min_sigma)
+        sig_lr = np.maximum(self.noise["lr"].update(sampled_sigma(lr_s)), cfg.min_sigma)
         with np.errstate(invalid="ignore"):
             hot_smooth = (rel > np.log1p(cfg.min_change)) & (rel > cfg.z * sig)
             hot_abs = (lr_s > np.log(cfg.abs_ratio)) & (lr_s > cfg.z * sig_lr)
