@@ -256,6 +256,23 @@ def test_a_job_read_only_in_part_by_a_catch_up_does_not_end(influx_store):
     assert life["event"].tolist() == ["ended"] and int(life["iteration"].iloc[0]) == 59
 
 
+def test_an_analyzer_killed_in_a_catch_up_goes_on_from_where_it_stopped(influx_store):
+    """A restarted analyzer replays the last iterations its predecessor analyzed and goes on
+    from there: a stall in the iterations between is found, not skipped for the newest."""
+    from analyzer.config import AnalyzerConfig
+
+    stall = {"kind": "transient_stall", "ranks": "5", "stage": "attention", "factor": 10.0, "start": 70, "end": 72}
+    _piece(influx_store, "caught", 0, 120, T0, [stall])
+    first = AnalyzerService(influx_store, AnalyzerConfig(job_deadline_s=1e-6), chunk_iterations=5)
+    while "caught" not in first.analyzers or first.analyzers["caught"].last_iteration < 40:
+        first.cycle()
+    del first                                              # killed, 80 iterations to go
+    second = AnalyzerService(influx_store)
+    report = second.cycle()
+    assert report.iterations["caught"] >= 119 - 40        # every iteration after the first's
+    assert [(_ranks(i), int(i["onset_iteration"])) for i in _incidents(influx_store, "caught")] == [([5], 70)]
+
+
 def test_one_job_failing_does_not_hide_what_the_cycle_did_for_the_others(influx_store, monkeypatch, caplog):
     from analyzer.service.schedule import safe_cycle
 

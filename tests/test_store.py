@@ -114,6 +114,8 @@ def test_rewrite_is_idempotent_and_last_iterations(any_store):
     assert sorted(set(last["iteration"])) == [4, 5]
     rng = any_store.read_stage_latency("w", start_ms=2000, end_ms=3000)
     assert sorted(set(rng["iteration"])) == [1, 2]
+    assert any_store.latest_times(schema.STAGE_LATENCY, "w", 2) == [6000, 5000]
+    assert any_store.latest_times(schema.STAGE_LATENCY, "w", 2, before_ms=4000) == [4000, 3000]
     again = _iteration_frame(topo, job="w", iteration=5, time_ms=6000, seed=9)
     got = last[last.iteration == 5].sort_values("rank")["mlp"].to_numpy()
     assert np.array_equal(got, again["mlp"].to_numpy())

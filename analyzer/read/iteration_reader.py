@@ -18,8 +18,8 @@ iterations by their ``iteration`` field:
    one began, and a chunk handed on that the cycle never took (it failed first) is handed
    on again, first;
 4. **the first read**: a job never analyzed is read from its first point; a job analyzed
-   before (a restarted analyzer) from its last ``history`` iterations, a replay that warms
-   the detectors up. Such a read starts inside the data: its oldest iteration may be
+   before (a restarted analyzer) from the last ``history`` iterations its predecessor
+   analyzed, a replay that warms the detectors up, and on from there to the newest point. Such a read starts inside the data: its oldest iteration may be
    partial, so it, and the rest of it read later, are cut. :meth:`before_replay` reads the
    iterations the predecessor analyzed before the replay's start, for the rollup windows
    they share with the replayed ones;
@@ -107,8 +107,8 @@ class IterationReader:
     def resume(self, history: int, wait_ms: int) -> None:
         """Where this cycle's reads start: again from a margin before what was read (points
         written late are read too), or, nothing read yet, from ``since_ms``, else from the
-        job's first point or, when it was analyzed before, from its last ``history``
-        iterations."""
+        job's first point or, when it was analyzed before, from the last ``history``
+        iterations analyzed."""
         self.assembler.wait_ms = int(wait_ms)
         self.read_s, self._cut, self._informed = 0.0, False, None
         self._began = self.read_until
@@ -125,7 +125,9 @@ class IterationReader:
         analyzed = self.store.latest_times(schema.L2_GROUP, self.job, 1)
         if not analyzed:   # never analyzed: everything
             return
-        times = self.store.latest_times(schema.STAGE_LATENCY, self.job, history)
+        # from where the predecessor's analysis stopped, not from the newest point: one killed
+        # in a catch-up (or down a while) leaves iterations unanalyzed, and nothing may be lost
+        times = self.store.latest_times(schema.STAGE_LATENCY, self.job, history, before_ms=analyzed[0])
         if times:
             self.cursor, self._cut = times[-1] - 1, True
             self.replay = Replay(self.cursor, analyzed[0])

@@ -25,7 +25,7 @@ next, which adds its own (its L2 and health points are those of the state it end
 
 After a restart the state is rebuilt from the database: the job's incidents are read back (an
 open one keeps its id; the diagnosis joins the re-detected culprits to it rather than opening a
-second one), the last ``history`` iterations are replayed to warm the detectors up, and the
+second one), the last ``history`` iterations it analyzed are replayed to warm up, and the
 ``rollup_host_5m`` windows its predecessor stored are read once, from the hour of the first
 window to write (:meth:`~analyzer.write.outputs.JobRollups.resume`).
 """

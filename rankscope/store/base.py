@@ -184,8 +184,9 @@ class Store(ABC):
         In ``where``, a value of None selects points that lack the tag."""
 
     @abstractmethod
-    def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
-        """The ``n`` most recent distinct timestamps of a job's points, newest first.
+    def latest_times(self, measurement: str, job: str, n: int, before_ms: int | None = None) -> list[int]:
+        """The ``n`` most recent distinct timestamps of a job's points, newest first (with
+        ``before_ms``: of those at or before it).
 
         Points with a ``rank`` tag are read from one series (the rank of the job's latest
         point): each rank stamps its own clock, so these are one per iteration of that rank,

@@ -180,14 +180,14 @@ class EmbeddedStore(Store):
                                f"ORDER BY time DESC LIMIT 1", (job,)).fetchone()
         return ("", []) if row is None else (" AND rank = ?", [row[0]])
 
-    def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
+    def latest_times(self, measurement: str, job: str, n: int, before_ms: int | None = None) -> list[int]:
         with self._lock:
             if "job" not in self._existing_columns(measurement):
                 return []
             cond, args = self._probe(measurement, job)
             rows = self._db.execute(
-                f"SELECT DISTINCT time FROM {self._table(measurement)} WHERE job = ?{cond} "
-                f"ORDER BY time DESC LIMIT ?", (job, *args, int(n)),
+                f"SELECT DISTINCT time FROM {self._table(measurement)} WHERE job = ? AND time <= ?{cond} "
+                f"ORDER BY time DESC LIMIT ?", (job, 2**62 if before_ms is None else int(before_ms), *args, int(n)),
             ).fetchall()
         return [int(r[0]) for r in rows]
 

@@ -280,11 +280,11 @@ class InfluxStore(RetentionLayout, Store):
             return {}
         return {"rank": str(last["rank"].iloc[0])}
 
-    def latest_times(self, measurement: str, job: str, n: int) -> list[int]:
+    def latest_times(self, measurement: str, job: str, n: int, before_ms: int | None = None) -> list[int]:
         probe = self._probe(measurement, job)
         if probe is None:
             return []
-        df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{where_clause(job, None, None, probe)} "
+        df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{where_clause(job, None, before_ms, probe)} "
                             f"ORDER BY time DESC LIMIT {int(n)}")
         return sorted({int(t) for t in df["time"]}, reverse=True) if len(df) else []
 
