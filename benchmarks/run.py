@@ -17,6 +17,7 @@ import datetime as dt
 import importlib
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -68,6 +69,16 @@ class BenchContext:
         return samples
 
 
+#: Environment settings that size a benchmark (said with its command; never a token or URL).
+SIZING_PREFIXES = ("RANKSCOPE_FLEET_", "RANKSCOPE_BENCH_")
+
+
+def _sizing() -> str:
+    """The sizing settings of this run, as they prefix its command (``""`` when none is set)."""
+    given = sorted((k, v) for k, v in os.environ.items() if k.startswith(SIZING_PREFIXES) and v.strip())
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in given)
+
+
 def areas() -> list[str]:
     return sorted(p.stem[len("bench_"):] for p in (ROOT / "benchmarks").glob("bench_*.py"))
 
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             body = importlib.import_module(f"benchmarks.bench_{area}").run(ctx)
             took = time.perf_counter() - t0
             stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-            text = (f"{body.rstrip()}\n\n_Command: `python -m benchmarks.run {area}` "
+            text = (f"{body.rstrip()}\n\n_Command: `{_sizing()}python -m benchmarks.run {area}` "
                     f"({stamp}, {machine}, {took:.0f} s)._\n")
             (RESULTS / f"{area}.md").write_text(text)
             print(text, flush=True)
