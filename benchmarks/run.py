@@ -69,13 +69,17 @@ class BenchContext:
         return samples
 
 
-#: Environment settings that size a benchmark (said with its command; never a token or URL).
-SIZING_PREFIXES = ("RANKSCOPE_FLEET_", "RANKSCOPE_BENCH_")
+#: Environment settings that size a benchmark, said with its command: the area's own prefix,
+#: and never a setting whose name says it holds a secret or an address.
+SIZING_PREFIXES = {"fleet": ("RANKSCOPE_FLEET_",)}
+_NOT_SAID = ("TOKEN", "PASSWORD", "SECRET", "URL", "KEY")
 
 
-def _sizing() -> str:
-    """The sizing settings of this run, as they prefix its command (``""`` when none is set)."""
-    given = sorted((k, v) for k, v in os.environ.items() if k.startswith(SIZING_PREFIXES) and v.strip())
+def _sizing(area: str) -> str:
+    """The sizing settings of this run of ``area``, as they prefix its command (``""``: none)."""
+    prefixes = (*SIZING_PREFIXES.get(area, ()), f"RANKSCOPE_BENCH_{area.upper()}_")
+    given = sorted((k, v) for k, v in os.environ.items()
+                   if k.startswith(prefixes) and v.strip() and not any(w in k for w in _NOT_SAID))
     return "".join(f"{k}={shlex.quote(v)} " for k, v in given)
 
 
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             body = importlib.import_module(f"benchmarks.bench_{area}").run(ctx)
             took = time.perf_counter() - t0
             stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-            text = (f"{body.rstrip()}\n\n_Command: `{_sizing()}python -m benchmarks.run {area}` "
+            text = (f"{body.rstrip()}\n\n_Command: `{_sizing(area)}python -m benchmarks.run {area}` "
                     f"({stamp}, {machine}, {took:.0f} s)._\n")
             (RESULTS / f"{area}.md").write_text(text)
             print(text, flush=True)

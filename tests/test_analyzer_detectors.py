@@ -163,3 +163,33 @@ def test_a_node_holding_both_dp_partners_that_throttles_is_still_a_straggler():
             v[first, mlp] *= 1.6
         hot = scorer.update(v, np.ones(topo.world, bool)).hot[:, mlp]
     assert np.flatnonzero(hot).tolist() == first.tolist()
+
+
+def test_noise_that_grows_for_the_whole_job_is_followed_and_raises_no_stall():
+    """The noise scale is capped by its recent past (half a job stalling at once cannot widen
+    it), yet the whole job's noise tripling for good takes no cell to the transient-stall bar."""
+    from analyzer.detect.noise_scale import NoiseScale
+    from analyzer.score.rank_scores import RankScorer
+    from rankscope.schema import DEFAULT_STAGES
+
+    cfg = AnalyzerConfig()
+    topo = Topology(tp=1, pp=4, dp=128, ep=8, gpus_per_node=8)
+    scorer, rng = RankScorer(topo, DEFAULT_STAGES, cfg), np.random.default_rng(3)
+    base = rng.uniform(20, 60, len(DEFAULT_STAGES))
+    worst = 0.0
+    for it in range(80):
+        sigma = 0.03 if it < 40 else 0.09
+        v = base * np.exp(sigma * rng.standard_normal((topo.world, len(DEFAULT_STAGES))))
+        s = scorer.update(v, np.ones(topo.world, dtype=bool))
+        if it >= 40:
+            bar = (s.ratio >= cfg.abs_ratio) & (s.z_now >= cfg.transient_z)
+            assert not bar.any(), f"iteration {it}: {int(bar.sum())} cell(s) at the stall bar"
+            worst = max(worst, float(np.nanmax(s.z_now)))
+    assert worst < cfg.transient_z
+    ns = NoiseScale(1)
+    for _ in range(8):
+        ns.update(np.array([0.03]))
+    assert ns.update(np.array([0.09]))[0] == pytest.approx(0.06)      # capped at first
+    for _ in range(4):
+        ns.update(np.array([0.09]))
+    assert ns.update(np.array([0.09]))[0] == pytest.approx(0.09)      # then followed

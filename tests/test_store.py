@@ -116,6 +116,9 @@ def test_rewrite_is_idempotent_and_last_iterations(any_store):
     assert sorted(set(rng["iteration"])) == [1, 2]
     assert any_store.latest_times(schema.STAGE_LATENCY, "w", 2) == [6000, 5000]
     assert any_store.latest_times(schema.STAGE_LATENCY, "w", 2, before_ms=4000) == [4000, 3000]
+    late = _iteration_frame(Topology(tp=1, pp=1, dp=6, gpus_per_node=2), job="w", iteration=6, time_ms=7000)
+    any_store.write_stage_latency(late[late["rank"] == 4])          # a rank that joined later
+    assert any_store.latest_times(schema.STAGE_LATENCY, "w", 2, before_ms=4000) == [4000, 3000]
     again = _iteration_frame(topo, job="w", iteration=5, time_ms=6000, seed=9)
     got = last[last.iteration == 5].sort_values("rank")["mlp"].to_numpy()
     assert np.array_equal(got, again["mlp"].to_numpy())

@@ -5,16 +5,17 @@ across the job's ranks each iteration (median absolute deviation). The MAD break
 50% contamination (Rousseeuw and Croux, "Alternatives to the Median Absolute Deviation",
 JASA 1993): when half of a small job stalls at once (one node of two) the sigma becomes the
 gap between the two halves, and no rank stands out. A stall is a change of a few iterations;
-the noise of a stage is not. So the sigma of an iteration is capped at ``ceiling`` times a
-low quantile (``quantile``) of the sigmas of the last ``memory`` iterations: a contamination
-must outlast most of that memory before it can raise the scale, while noise that grows for
-real is followed within a few iterations per ``ceiling`` factor.
+the noise of a stage is not. So the sigma of an iteration is capped at ``ceiling`` times the
+median (``quantile``) of the sigmas of the last ``memory`` iterations: a stall of up to half
+that memory (a transient one lasts at most ``transient_max``, 3) cannot raise the scale,
+while noise that grows for real, the whole job's, is followed once it has lasted that long
+(in the meantime the tail of the wider noise stands out by at most ``ceiling`` times its z).
 
 Parameters
 ----------
 stages: number of stages (columns) tracked.
-memory: iterations of past sigmas kept (default 32).
-quantile: the quantile of the past taken as its level (default 0.25).
+memory: iterations of past sigmas kept (default 8).
+quantile: the quantile of the past taken as its level (default 0.5, the median).
 ceiling: how far above that level an iteration's sigma may go (default 2).
 least: past sigmas needed before the cap applies (default 4).
 
@@ -38,7 +39,7 @@ import numpy as np
 class NoiseScale:
     """Each stage's recent sigmas; ``update`` with this iteration's, returns the one to use."""
 
-    def __init__(self, stages: int, memory: int = 32, quantile: float = 0.25, ceiling: float = 2.0,
+    def __init__(self, stages: int, memory: int = 8, quantile: float = 0.5, ceiling: float = 2.0,
                  least: int = 4):
         if memory < least or least < 1 or ceiling < 1 or not 0 <= quantile <= 1:
             raise ValueError("NoiseScale needs memory >= least >= 1, ceiling >= 1, quantile in [0, 1]")

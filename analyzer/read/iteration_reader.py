@@ -217,15 +217,14 @@ class IterationReader:
         self.assembler.add(frame)
 
     def before_replay(self, since_ms: int, world: int | None = None) -> Iterator[pd.DataFrame]:
-        """A restarted analyzer's iterations from ``since_ms`` up to its replay: those its
-        predecessor analyzed (through the replay's first, partial iteration, or, when the job
-        ran on while no analyzer did, up to the predecessor's newest), which share rollup
-        windows with the replayed ones (``world``: the job's ranks, to size the reads).
-        Nothing for an analyzer that replays no history."""
+        """A restarted analyzer's iterations from ``since_ms`` up to its replay (through the
+        replay's first, partial iteration; the replay ends where its predecessor's analysis
+        did), which share rollup windows with the replayed ones (``world``: the job's ranks, to
+        size the reads). Nothing for an analyzer that replays no history."""
         rp = self.replay
         if rp is None or rp.skipped is None:
             return
-        end = min(rp.cursor_ms, rp.analyzed_ms)
+        end = rp.cursor_ms
         if since_ms > end:
             return
         # a margin on both sides: the iterations at the range's edges are read whole
@@ -236,8 +235,7 @@ class IterationReader:
         for frame in older.chunks(final=True):
             its = frame[IT].to_numpy()
             stamped = frame.groupby(IT)["time"].transform("max").to_numpy()   # the iteration's time
-            keep = (stamped >= since_ms) & ((its <= rp.skipped) if rp.cursor_ms <= rp.analyzed_ms
-                                            else (stamped <= rp.analyzed_ms))
+            keep = (stamped >= since_ms) & (its <= rp.skipped)
             if keep.any():
                 yield frame.loc[keep].reset_index(drop=True)
 

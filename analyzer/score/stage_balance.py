@@ -91,7 +91,10 @@ class PipelineBalanceScorer:
             lo = np.log(med) - np.log(others)
             static = ((lo > np.log(self.cfg.abs_ratio)) & (med - others >= self.cfg.min_excess_ms)
                       & self.compute[None, :] & self.enabled & (self.t > self.cfg.baseline_warmup))
-        self.base.update(lg, learn=~changed)
+        # while a stage column has a changed group, none of its groups learns: the reference is
+        # the others' median (with pp=2 the midpoint of both), so one stage slowing drags the
+        # others down; learned, that dip would make them "slower than they were" once it ends
+        self.base.update(lg, learn=~changed & ~changed.any(axis=0, keepdims=True))
         self.static = static & ~changed
         with np.errstate(all="ignore"):
             self.last_ratio = np.where(self.static, np.exp(lo), np.exp(rel))

@@ -1,8 +1,9 @@
 """``rankscope rollup --since TIME``: the rollups of iterations written while no analyzer ran.
 
 The analyzer rolls up every iteration it processes; iterations stored before it first ran
-(an imported trace, a replayed scenario) or while it was down longer than its replay
-``history`` have no ``rollup_host`` / ``rollup_job`` points, so the NOC walls show a gap.
+(an imported trace, a replayed scenario, rows kept from before rollups existed) have no
+``rollup_host`` / ``rollup_job`` points, so the NOC walls show a gap (a restarted analyzer
+goes on from where its predecessor stopped: an outage leaves none).
 This command walks a job's ``stage_latency`` from ``--since`` in chunks of iterations and
 writes their rollups, then the ``rollup_host_5m`` windows and ``rollup_host_1h`` hours the range
 touches (:mod:`analyzer.write.rollup_backfill`).

@@ -4,7 +4,7 @@ The analyzer's cycle rolls up the iterations it processes, windows and hours inc
 memory (:mod:`analyzer.write.outputs`). The backfill works from the store instead:
 
 - :func:`backfill`: ``rollup_host`` / ``rollup_job`` for iterations no analyzer saw (an
-  imported trace, a replayed scenario, a long outage), read from ``stage_latency`` a chunk of
+  imported trace, a replayed scenario), read from ``stage_latency`` a chunk of
   iterations at a time through an :class:`~analyzer.read.iteration_reader.IterationReader`,
   then their windows; and the hours of every window stored in the range, so the hours of
   history written before ``rollup_host_1h`` existed (an upgrade) are there too: its raw

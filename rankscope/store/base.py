@@ -186,7 +186,7 @@ class Store(ABC):
     @abstractmethod
     def latest_times(self, measurement: str, job: str, n: int, before_ms: int | None = None) -> list[int]:
         """The ``n`` most recent distinct timestamps of a job's points, newest first (with
-        ``before_ms``: of those at or before it).
+        ``before_ms``: of those at or before it, read from a rank that had points by then).
 
         Points with a ``rank`` tag are read from one series (the rank of the job's latest
         point): each rank stamps its own clock, so these are one per iteration of that rank,

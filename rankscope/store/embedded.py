@@ -170,21 +170,21 @@ class EmbeddedStore(Store):
                 df[c] = df[c].astype(float)
         return normalise_frame(df)
 
-    def _probe(self, measurement: str, job: str) -> tuple[str, list]:
+    def _probe(self, measurement: str, job: str, before_ms: int | None = None) -> tuple[str, list]:
         """The extra condition that reads timestamps from one series, as the InfluxDB backend
         does: the rank of the job's latest point. Each rank stamps its own clock, so the
         distinct times of all ranks are thousands per iteration; one rank's are one each."""
         if "rank" not in self._existing_columns(measurement):
             return "", []
-        row = self._db.execute(f"SELECT rank FROM {self._table(measurement)} WHERE job = ? "
-                               f"ORDER BY time DESC LIMIT 1", (job,)).fetchone()
+        row = self._db.execute(f"SELECT rank FROM {self._table(measurement)} WHERE job = ? AND time <= ? "
+                               f"ORDER BY time DESC LIMIT 1", (job, 2**62 if before_ms is None else int(before_ms))).fetchone()
         return ("", []) if row is None else (" AND rank = ?", [row[0]])
 
     def latest_times(self, measurement: str, job: str, n: int, before_ms: int | None = None) -> list[int]:
         with self._lock:
             if "job" not in self._existing_columns(measurement):
                 return []
-            cond, args = self._probe(measurement, job)
+            cond, args = self._probe(measurement, job, before_ms)
             rows = self._db.execute(
                 f"SELECT DISTINCT time FROM {self._table(measurement)} WHERE job = ? AND time <= ?{cond} "
                 f"ORDER BY time DESC LIMIT ?", (job, 2**62 if before_ms is None else int(before_ms), *args, int(n)),

@@ -257,9 +257,10 @@ class InfluxStore(RetentionLayout, Store):
             raise
         return normalise_frame(df)
 
-    def _probe(self, measurement: str, job: str) -> dict[str, str] | None:
+    def _probe(self, measurement: str, job: str, before_ms: int | None = None) -> dict[str, str] | None:
         """The tag filter of one series to read timestamps from: the rank of the job's latest
-        point (it reports at the end), so a timestamp query touches one series, not 12,960.
+        point (at or before ``before_ms``: a rank that joined later has none of the times asked
+        for), so a timestamp query touches one series, not 12,960.
         None when the job (or the database) has no point; ``{}`` when points carry no rank.
 
         It looks at the newest point of every series of the job: for ``stage_latency`` one
@@ -269,7 +270,7 @@ class InfluxStore(RetentionLayout, Store):
             if measurement == schema.STAGE_LATENCY else "*"
         try:
             last = self.query_raw(f"SELECT {what} FROM {self.source(measurement)}"
-                                  f"{where_clause(job, None, None, None)} ORDER BY time DESC LIMIT 1")
+                                  f"{where_clause(job, None, before_ms, None)} ORDER BY time DESC LIMIT 1")
         except StoreError as exc:
             if "database not found" in str(exc):
                 return None
@@ -281,7 +282,7 @@ class InfluxStore(RetentionLayout, Store):
         return {"rank": str(last["rank"].iloc[0])}
 
     def latest_times(self, measurement: str, job: str, n: int, before_ms: int | None = None) -> list[int]:
-        probe = self._probe(measurement, job)
+        probe = self._probe(measurement, job, before_ms)   # a rank with points by then
         if probe is None:
             return []
         df = self.query_raw(f"SELECT * FROM {self.source(measurement)}{where_clause(job, None, before_ms, probe)} "
