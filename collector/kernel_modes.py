@@ -16,9 +16,8 @@ A local maximum of the density below ``MIN_PEAK_SHARE`` of the highest is noise,
 two maxima are split only where the valley between them falls below ``VALLEY_DEPTH`` of the
 lower one (a bumpy single mode stays one).
 
-:func:`rebuild_quantiles` turns the modes back into a distribution, a log-normal per mode
-weighted by its count (p50 its median, p99 its 99th percentile), as the analyzer does to
-compare ranks.
+:func:`rankscope.kernel_mixture.rebuild_quantiles` turns the modes back into a distribution,
+a log-normal per mode weighted by its count, as the analyzer does to compare ranks.
 
 Example::
 
@@ -32,9 +31,10 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
+
+from rankscope.kernel_mixture import Mode
 
 #: Grid points the density is evaluated on.
 GRID = 256
@@ -42,19 +42,6 @@ GRID = 256
 MIN_PEAK_SHARE = 0.05
 #: Two modes are split only where the valley is below this share of the lower peak.
 VALLEY_DEPTH = 0.5
-#: Bytes one mode takes when written: count (uint32), p50 and p99 (float32 each).
-MODE_BYTES = 12
-#: z of the 99th percentile of a normal distribution.
-Z99 = 2.3263478740408408
-
-
-@dataclass(frozen=True)
-class Mode:
-    """One mode of a kernel's durations in a window: how many events, their median and p99 (us)."""
-
-    count: int
-    p50_us: float
-    p99_us: float
 
 
 def _checked(durations_us: np.ndarray) -> np.ndarray:
@@ -114,25 +101,3 @@ def compress(durations_us: np.ndarray) -> list[Mode]:
             p50, p99 = np.quantile(part, [0.5, 0.99])
             out.append(Mode(int(part.size), float(p50), float(p99)))
     return out
-
-
-def _phi(z: np.ndarray) -> np.ndarray:
-    """The standard normal CDF (numpy has no erf): Abramowitz and Stegun 26.2.17, error < 7.5e-8."""
-    t = 1.0 / (1.0 + 0.2316419 * np.abs(z))
-    poly = t * (0.319381530 + t * (-0.356563782 + t * (1.781477937 + t * (-1.821255978 + t * 1.330274429))))
-    upper = np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * poly
-    return np.where(z >= 0, 1.0 - upper, upper)
-
-
-def rebuild_quantiles(modes: list[Mode], q: np.ndarray, points: int = 4096) -> np.ndarray:
-    """Quantiles ``q`` of the distribution the modes describe: a log-normal per mode (median
-    p50, 99th percentile p99), weighted by its count."""
-    if not modes:
-        raise ValueError("no modes to rebuild a distribution from")
-    mu = np.log([m.p50_us for m in modes])
-    sigma = np.maximum((np.log([m.p99_us for m in modes]) - mu) / Z99, 1e-6)
-    w = np.asarray([m.count for m in modes], dtype=float)
-    w /= w.sum()
-    grid = np.linspace((mu - 6 * sigma).min(), (mu + 6 * sigma).max(), points)
-    cdf = (w[:, None] * _phi((grid[None, :] - mu[:, None]) / sigma[:, None])).sum(axis=0)
-    return np.exp(np.interp(np.asarray(q, dtype=float), cdf, grid))

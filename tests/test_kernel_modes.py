@@ -5,7 +5,8 @@ the raw p50 and p99, and bad windows get a clear error."""
 import numpy as np
 import pytest
 
-from collector.kernel_modes import MODE_BYTES, compress, rebuild_quantiles
+from collector.kernel_modes import compress
+from rankscope.kernel_mixture import MODE_BYTES, rebuild_quantiles
 
 RNG = np.random.default_rng(32)
 
