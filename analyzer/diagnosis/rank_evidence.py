@@ -98,6 +98,35 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
     }
 
 
+def write_stage_stall_evidence(inc: Incident, peak: float, cost: float, obs: Observation, topo: Topology,
+                               stages: StageSet) -> None:
+    """The evidence of a whole DP group's stall (:mod:`analyzer.diagnosis.stage_stalls`): no
+    peer ran the same work, so its ratio is its own time in the stage against its own before the
+    onset (``peak``, its ratio to the other stages, where the window lacks that), and what it
+    cost the job (``cost``: iterations' worth)."""
+    ranks = np.asarray(inc.ranks, dtype=np.int64)
+    pps = np.unique(topo.pp_index[ranks])
+    win, s = obs.window, stages.index(inc.stage)
+    with warnings.catch_warnings():   # its own time in the stage against its own before the onset
+        warnings.simplefilter("ignore", RuntimeWarning)
+        during = np.nanmax(np.nanmedian(win.values[win.since(inc.onset_iteration)][:, ranks, s], axis=1))
+        usual = np.nanmedian(win.values[win.before(inc.onset_iteration)][:, ranks, s])
+    if np.isfinite(during) and np.isfinite(usual) and usual > 0:
+        peak = during / usual
+    inc.ratio, inc.group_type, inc.group_ranks = float(peak), "dp", ranks.tolist()
+    inc.evidence = {
+        "summary": (f"{rank_phrase(ranks.tolist(), capital=True)}, all of pipeline stage pp={format_ranks(pps)} at "
+                    f"that TP index, stalled together in {inc.stage}: {peak:.1f}x their own time before, at "
+                    f"its peak, for a few iterations, then recovered. No rank stood out in its DP group "
+                    f"(the whole group was out): the other pipeline stages showed it; the job lost "
+                    f"{cost:.2f} iterations' worth of time to it."),
+        "stage": inc.stage, "stage_kind": stages[inc.stage].kind, "ratio": round(float(peak), 3),
+        "against": "own_past", "pp": pps.tolist(), "cost_iterations": round(float(cost), 3),
+        "group": {"type": "dp", "id": int(topo.group_ids("dp")[ranks[0]]), "ranks": format_ranks(ranks)},
+        "l1": obs.l1_step,
+    }
+
+
 def _against_peers(vals: np.ndarray, ranks: np.ndarray, peers: str, topo: Topology) -> tuple[float, float]:
     """The culprits' median time in the stage (``vals``: [T, R]) and their peer groups' median
     with the culprits left out (robust for small groups too)."""

@@ -25,6 +25,10 @@ to one incident at most. The rest go
 into :class:`~analyzer.diagnosis.stall_tally.SporadicStalls`, one job-level tally with an upper
 bound of their cost. The incident is written already resolved.
 
+A stall of a whole DP group at once (in a small job one node can hold a whole PP stage) has no
+peer to stand out against: the pipeline-balance scorer sees the group against the other stages,
+and such a short streak (:mod:`analyzer.diagnosis.stage_stalls`) is judged by its cost alone.
+
 Example::
 
     >>> from analyzer.config import AnalyzerConfig
@@ -51,8 +55,10 @@ from analyzer.diagnosis.rank_evidence import (
     onset_gap,
     split_by_onset_and_place,
     write_rank_evidence,
+    write_stage_stall_evidence,
 )
 from analyzer.diagnosis.rule import Rule
+from analyzer.diagnosis.stage_stalls import StageStall, StageStreaks
 from analyzer.diagnosis.stall_cost import JobLevels, lost_ms
 from analyzer.diagnosis.stall_repeats import StallRepeats, wide_or_long
 from analyzer.diagnosis.stall_tally import SporadicStalls
@@ -74,6 +80,7 @@ class StallPart(NamedTuple):
     gpu_hours: float
     unlikely: bool
     lost_ms: float
+    peak: float | None = None   # a whole DP group's stall (no peer to compare with): its peak ratio
 
 
 class TransientStallRule(Rule):
@@ -87,6 +94,7 @@ class TransientStallRule(Rule):
         self.levels = JobLevels(max(cfg.history, 2 * cfg.l1_window))
         self.repeats = StallRepeats(topo.world)
         self.sporadic = SporadicStalls()
+        self.stage_streaks = StageStreaks((topo.group_count("dp"), len(stages)))
         # per cell, in its streak: iterations seen out (hot, and far from its peers this very
         # iteration) and the last of them; a smoothed ratio may keep a cell hot an iteration
         # after a dropped point, which lengthens the streak, not the stall
@@ -106,9 +114,13 @@ class TransientStallRule(Rule):
         ended = ((~obs.hot) & (prev > 0) & (prev <= cfg.transient_max) & ~cells.assigned
                  & obs.present[:, None])
         ended &= (cells.peak >= cfg.abs_ratio) & (cells.peak_z >= cfg.transient_z)
-        if not ended.any():
+        groups = self.stage_streaks.update(obs.iteration, obs.balance_hot, obs.balance_ratio, cfg)
+        parts = self._parts(ended, obs) if ended.any() else []
+        seen = np.concatenate([p.ranks for p in parts]) if parts else np.empty(0, dtype=np.int64)
+        parts += [self._stage_part(g, obs) for g in groups    # a group whose ranks stood out: theirs
+                  if not np.isin(self.topo.members("dp")[g.group], seen).any()]
+        if not parts:
             return []
-        parts = self._parts(ended, obs)
         # every stall ending now includes the last iteration, so the job's excess there is
         # charged to the one that lost the most (a 40x stall on a node explains it, not a 2x
         # blip on one rank beside it); the others are incidents only when chance explains them not
@@ -121,7 +133,7 @@ class TransientStallRule(Rule):
             if k != charged and not p.unlikely:
                 self._count_sporadic(p.ranks, int(p.onsets.min()), obs, p.lost_ms)
                 continue
-            out.append(self._incident(p.ranks, p.onsets, p.s, obs, book))
+            out.append(self._incident(p, obs, book))
         if charged >= 0:   # the job's time up to now is this incident's: nobody else's cost
             self.levels.charge(obs.iteration)
         return out
@@ -175,12 +187,22 @@ class TransientStallRule(Rule):
         return StallPart(ranks, onsets, s, cost, gpu_h, unlikely or repeated,
                          lost_ms(obs.window, ranks, s, onset, obs.iteration))
 
-    def _incident(self, ranks: np.ndarray, onsets: np.ndarray, s: int, obs: Observation,
-                  book: IncidentBook) -> Incident:
+    def _stage_part(self, g: StageStall, obs: Observation) -> StallPart:
+        """A whole DP group's stall ending now (:mod:`analyzer.diagnosis.stage_stalls`), judged
+        by its cost alone: every rank of its stage is in it, no chance of others explains it."""
+        ranks = self.topo.members("dp")[g.group]
+        cost, gpu_h = self.levels.cost(g.onset, obs.iteration, self.cfg.l1_min_history, self.topo.world, last=g.last)
+        return StallPart(ranks, np.full(len(ranks), g.onset), g.s, cost, gpu_h, False,
+                         lost_ms(obs.window, ranks, g.s, g.onset, obs.iteration), g.peak)
+
+    def _incident(self, p: StallPart, obs: Observation, book: IncidentBook) -> Incident:
         """A transient-stall incident, written resolved (registered in ``book``)."""
-        inc = new_rank_incident(self.job, IncidentClass.TRANSIENT_STALL, self.stages.stages[s].name,
-                                ranks, onsets, obs, self.topo)
-        write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
+        inc = new_rank_incident(self.job, IncidentClass.TRANSIENT_STALL, self.stages.stages[p.s].name,
+                                p.ranks, p.onsets, obs, self.topo)
+        if p.peak is None:
+            write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
+        else:
+            write_stage_stall_evidence(inc, p.peak, p.cost, obs, self.topo, self.stages)
         book.judge_events(inc, obs.window)
         inc.resolve(obs.iteration)
         return book.register(inc)
