@@ -65,7 +65,7 @@ def density(log_d: np.ndarray, grid: int = GRID) -> tuple[np.ndarray, np.ndarray
     x = np.linspace(lo, hi, grid)
     counts, _ = np.histogram(log_d, bins=grid, range=(lo - (hi - lo) / (2 * (grid - 1)), hi + (hi - lo) / (2 * (grid - 1))))
     step = (hi - lo) / (grid - 1)
-    half = int(min(grid, math.ceil(4 * h / step)))
+    half = int(min((grid - 1) // 2, math.ceil(4 * h / step)))   # "same" keeps ``grid`` points
     k = np.exp(-0.5 * (np.arange(-half, half + 1) * step / h) ** 2)
     return x, np.convolve(counts, k / k.sum(), mode="same")
 

@@ -89,13 +89,14 @@ def test_a_stall_of_half_the_job_at_once_is_found(embedded_store):
         ("transient_stall", list(range(8, 16)), 40)]
 
 
-@pytest.mark.parametrize("factor", [14.0, 3.0])
-def test_a_stall_of_a_whole_pp_stage_is_found_and_leaves_no_imbalance_behind(embedded_store, factor):
+@pytest.mark.parametrize(("factor", "tp"), [(14.0, 1), (3.0, 1), (3.0, 2)])
+def test_a_stall_of_a_whole_pp_stage_is_found_and_leaves_no_imbalance_behind(embedded_store, factor, tp):
     # pp=2 on 2 nodes: the stall is a whole PP stage, its DP group out at once, so no rank stands
     # out in it; the other stage shows it. The stages are compared with their midpoint, so the
     # other stage dips as far: had it learned the dip, it would have seemed slower than it was
     # from the stall's end on (an imbalance on the healthy stage, never closed)
-    topo = {"tp": 1, "pp": 2, "dp": 8, "ep": 4, "gpus_per_node": 8}
+    # (with tp=2 the stage is 2 DP groups: one stall, not two)
+    topo = {"tp": tp, "pp": 2, "dp": 8 // tp, "ep": 4 // tp, "gpus_per_node": 8}
     fault = {**_stall(0, factor, 40), "ranks": "8-15", "end": 42}
     _, incidents = shaped_store_run(embedded_store, topo, [fault], iterations=60, seed=4, job="ppstall")
     assert [(i["class"], i["ranks"], i["onset_iteration"], i["status"]) for i in incidents] == [

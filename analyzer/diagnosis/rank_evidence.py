@@ -98,6 +98,17 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
     }
 
 
+def own_peak_ratio(obs: Observation, ranks: np.ndarray, s: int, onset: int) -> float:
+    """The ranks' median time in stage ``s`` at its highest since ``onset``, over their median
+    before it (NaN where the window holds no iteration before)."""
+    win = obs.window
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        during = np.nanmax(np.nanmedian(win.values[win.since(onset)][:, ranks, s], axis=1))
+        usual = np.nanmedian(win.values[win.before(onset)][:, ranks, s])
+    return float(during / usual) if np.isfinite(during) and np.isfinite(usual) and usual > 0 else float("nan")
+
+
 def write_stage_stall_evidence(inc: Incident, peak: float, cost: float, obs: Observation, topo: Topology,
                                stages: StageSet) -> None:
     """The evidence of a whole DP group's stall (:mod:`analyzer.diagnosis.stage_stalls`): no
@@ -106,13 +117,8 @@ def write_stage_stall_evidence(inc: Incident, peak: float, cost: float, obs: Obs
     cost the job (``cost``: iterations' worth)."""
     ranks = np.asarray(inc.ranks, dtype=np.int64)
     pps = np.unique(topo.pp_index[ranks])
-    win, s = obs.window, stages.index(inc.stage)
-    with warnings.catch_warnings():   # its own time in the stage against its own before the onset
-        warnings.simplefilter("ignore", RuntimeWarning)
-        during = np.nanmax(np.nanmedian(win.values[win.since(inc.onset_iteration)][:, ranks, s], axis=1))
-        usual = np.nanmedian(win.values[win.before(inc.onset_iteration)][:, ranks, s])
-    if np.isfinite(during) and np.isfinite(usual) and usual > 0:
-        peak = during / usual
+    own = own_peak_ratio(obs, ranks, stages.index(inc.stage), inc.onset_iteration)
+    peak = own if np.isfinite(own) else peak
     inc.ratio, inc.group_type, inc.group_ranks = float(peak), "dp", ranks.tolist()
     inc.evidence = {
         "summary": (f"{rank_phrase(ranks.tolist(), capital=True)}, all of pipeline stage pp={format_ranks(pps)} at "

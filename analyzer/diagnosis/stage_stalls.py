@@ -3,10 +3,12 @@
 A rank's stall is seen against its DP group (the ranks doing the same work). When the whole
 group stalls together (in a small job one node can hold a whole PP stage: 16 GPUs as pp=2 x
 dp=8 on two nodes), no rank stands out in it; what stands out is the group against the other
-stages (:class:`~analyzer.score.stage_balance.PipelineBalanceScorer`). A streak of at most
-``transient_max`` iterations of such a group, ``abs_ratio`` above the others at its peak, that
-ends is a transient stall of the stage's ranks; the transient-stall rule judges its cost as
-any other's (a longer streak is the pipeline rule's imbalance).
+stages (:class:`~analyzer.score.stage_balance.PipelineBalanceScorer`). A streak of such a group
+of at most ``transient_max`` iterations (onset to end, gaps counted) that ends is a transient
+stall of the stage's ranks when, at its peak, they took ``abs_ratio`` times their own time
+before; the transient-stall rule judges its cost as any other's (the groups of one PP stage,
+one per TP index, ending together are one stall; a longer streak is the pipeline rule's
+imbalance).
 
 Example::
 
@@ -15,7 +17,7 @@ Example::
     >>> st = StageStreaks((2, 1))
     >>> for it, hot in enumerate([False, True, True, False]):
     ...     got = st.update(it, np.array([[False], [hot]]), np.array([[1.0], [9.0 if hot else 1.0]]),
-    ...                     AnalyzerConfig())
+    ...                     np.array([True, True]), AnalyzerConfig())
     >>> [(int(g), int(s), int(onset), int(last), float(peak)) for g, s, onset, last, peak in got]
     [(1, 0, 1, 2, 9.0)]
 """
@@ -30,7 +32,8 @@ from analyzer.config import AnalyzerConfig
 
 
 class StageStall(NamedTuple):
-    """A DP group's stall in stage ``s`` that ended: first and last hot iteration, peak ratio."""
+    """A DP group's stall in stage ``s`` that ended: first and last hot iteration, peak ratio
+    (the balance scorer's, against the groups' median)."""
 
     group: int
     s: int
@@ -45,17 +48,24 @@ class StageStreaks:
     def __init__(self, shape: tuple[int, int]):
         self.streak = np.zeros(shape, dtype=np.int64)
         self.onset = np.zeros(shape, dtype=np.int64)
+        self.last = np.zeros(shape, dtype=np.int64)
         self.peak = np.zeros(shape)
 
-    def update(self, iteration: int, hot: np.ndarray, ratio: np.ndarray, cfg: AnalyzerConfig) -> list[StageStall]:
-        """Feed one iteration's ``hot``/``ratio`` ``[group, stage]``; the short, large streaks
-        that ended with it."""
-        ended = (~hot) & (self.streak > 0) & (self.streak <= cfg.transient_max) & (self.peak >= cfg.abs_ratio)
-        out = [StageStall(int(g), int(s), int(self.onset[g, s]), iteration - 1, float(self.peak[g, s]))
+    def update(self, iteration: int, hot: np.ndarray, ratio: np.ndarray, present: np.ndarray,
+               cfg: AnalyzerConfig) -> list[StageStall]:
+        """Feed one iteration's ``hot``/``ratio`` ``[group, stage]`` (``present[group]``: some rank
+        of the group reported; an absent group's streak is held, neither going on nor ended: a
+        stage that went silent did not recover); the streaks of at most ``transient_max``
+        iterations that ended with it."""
+        seen = present[:, None]
+        ended = seen & (~hot) & (self.streak > 0) & (iteration - self.onset <= cfg.transient_max + 1)
+        out = [StageStall(int(g), int(s), int(self.onset[g, s]), int(self.last[g, s]), float(self.peak[g, s]))
                for g, s in np.argwhere(ended)]
-        start = hot & (self.streak == 0)
+        on = seen & hot
+        start = on & (self.streak == 0)
         self.onset = np.where(start, iteration, self.onset)
+        self.last = np.where(on, iteration, self.last)
         with np.errstate(invalid="ignore"):
-            self.peak = np.where(hot, np.fmax(np.where(start, 0.0, self.peak), ratio), 0.0)
-        self.streak = np.where(hot, self.streak + 1, 0)
+            self.peak = np.where(on, np.fmax(np.where(start, 0.0, self.peak), ratio), np.where(seen, 0.0, self.peak))
+        self.streak = np.where(on, self.streak + 1, np.where(seen, 0, self.streak))
         return out

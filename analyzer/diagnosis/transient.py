@@ -53,6 +53,7 @@ from analyzer.diagnosis.rank_cells import RankCells
 from analyzer.diagnosis.rank_evidence import (
     new_rank_incident,
     onset_gap,
+    own_peak_ratio,
     split_by_onset_and_place,
     write_rank_evidence,
     write_stage_stall_evidence,
@@ -114,11 +115,8 @@ class TransientStallRule(Rule):
         ended = ((~obs.hot) & (prev > 0) & (prev <= cfg.transient_max) & ~cells.assigned
                  & obs.present[:, None])
         ended &= (cells.peak >= cfg.abs_ratio) & (cells.peak_z >= cfg.transient_z)
-        groups = self.stage_streaks.update(obs.iteration, obs.balance_hot, obs.balance_ratio, cfg)
         parts = self._parts(ended, obs) if ended.any() else []
-        seen = np.concatenate([p.ranks for p in parts]) if parts else np.empty(0, dtype=np.int64)
-        parts += [self._stage_part(g, obs) for g in groups    # a group whose ranks stood out: theirs
-                  if not np.isin(self.topo.members("dp")[g.group], seen).any()]
+        parts += self._stage_parts(obs, parts)
         if not parts:
             return []
         # every stall ending now includes the last iteration, so the job's excess there is
@@ -187,13 +185,36 @@ class TransientStallRule(Rule):
         return StallPart(ranks, onsets, s, cost, gpu_h, unlikely or repeated,
                          lost_ms(obs.window, ranks, s, onset, obs.iteration))
 
-    def _stage_part(self, g: StageStall, obs: Observation) -> StallPart:
-        """A whole DP group's stall ending now (:mod:`analyzer.diagnosis.stage_stalls`), judged
-        by its cost alone: every rank of its stage is in it, no chance of others explains it."""
-        ranks = self.topo.members("dp")[g.group]
-        cost, gpu_h = self.levels.cost(g.onset, obs.iteration, self.cfg.l1_min_history, self.topo.world, last=g.last)
-        return StallPart(ranks, np.full(len(ranks), g.onset), g.s, cost, gpu_h, False,
-                         lost_ms(obs.window, ranks, g.s, g.onset, obs.iteration), g.peak)
+    def _stage_parts(self, obs: Observation, rank_parts: list[StallPart]) -> list[StallPart]:
+        """Whole DP groups' stalls ending now (:mod:`analyzer.diagnosis.stage_stalls`), those of
+        one PP stage, stage and onset as one (a PP stage is ``tp`` DP groups), but where ranks of
+        theirs stood out in the same stage (then the stall is theirs)."""
+        members = self.topo.members("dp")
+        present = obs.present[members].any(axis=1)
+        merged: dict[tuple[int, int, int], list[StageStall]] = {}
+        for g in self.stage_streaks.update(obs.iteration, obs.balance_hot, obs.balance_ratio, present, self.cfg):
+            merged.setdefault((g.s, g.onset, int(self.topo.pp_index[members[g.group][0]])), []).append(g)
+        out = []
+        for (s, onset, _), gs in merged.items():
+            ranks = np.sort(np.concatenate([members[g.group] for g in gs]))
+            if any(p.s == s and np.isin(p.ranks, ranks).any() for p in rank_parts):
+                continue
+            part = self._stage_part(ranks, s, onset, max(g.last for g in gs), max(g.peak for g in gs), obs)
+            if part is not None:
+                out.append(part)
+        return out
+
+    def _stage_part(self, ranks: np.ndarray, s: int, onset: int, last: int, peak: float,
+                    obs: Observation) -> StallPart | None:
+        """A whole PP stage's stall, judged by its cost alone (every rank of the stage is in it,
+        no chance of others explains it); None when at its peak its ranks took less than
+        ``abs_ratio`` times their own time before (no stall)."""
+        own = own_peak_ratio(obs, ranks, s, onset)
+        if not own >= self.cfg.abs_ratio:
+            return None
+        cost, gpu_h = self.levels.cost(onset, obs.iteration, self.cfg.l1_min_history, self.topo.world, last=last)
+        return StallPart(ranks, np.full(len(ranks), onset), s, cost, gpu_h, False,
+                         lost_ms(obs.window, ranks, s, onset, obs.iteration), own if np.isfinite(own) else peak)
 
     def _incident(self, p: StallPart, obs: Observation, book: IncidentBook) -> Incident:
         """A transient-stall incident, written resolved (registered in ``book``)."""

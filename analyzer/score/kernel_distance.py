@@ -54,7 +54,7 @@ def kernel_distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, member
     group's (``members`` ``[G, k]``, ``group_ids`` ``[R]``), and the outliers."""
     with np.errstate(invalid="ignore", divide="ignore"):
         mu, sigma = log_normal_params(p50, p99)
-    seen = np.isfinite(mu) & np.isfinite(sigma)
+    seen = np.isfinite(mu) & np.isfinite(sigma) & np.isfinite(count) & (count > 0)
     if not seen.any():
         raise ValueError("no rank has a mode of this kernel")
     lo, hi = (mu - 5 * sigma)[seen].min(), (mu + 5 * sigma)[seen].max()
