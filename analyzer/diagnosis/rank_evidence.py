@@ -112,13 +112,11 @@ def own_peak_ratio(obs: Observation, ranks: np.ndarray, s: int, onset: int) -> f
 def write_stage_stall_evidence(inc: Incident, peak: float, cost: float, obs: Observation, topo: Topology,
                                stages: StageSet) -> None:
     """The evidence of a whole DP group's stall (:mod:`analyzer.diagnosis.stage_stalls`): no
-    peer ran the same work, so its ratio is its own time in the stage against its own before the
-    onset (``peak``, its ratio to the other stages, where the window lacks that), and what it
-    cost the job (``cost``: iterations' worth)."""
+    peer ran the same work, so its ratio is ``peak``, its own time in the stage at its highest
+    against its own before the onset (:func:`own_peak_ratio`), and what it cost the job
+    (``cost``: iterations' worth)."""
     ranks = np.asarray(inc.ranks, dtype=np.int64)
     pps = np.unique(topo.pp_index[ranks])
-    own = own_peak_ratio(obs, ranks, stages.index(inc.stage), inc.onset_iteration)
-    peak = own if np.isfinite(own) else peak
     inc.ratio, inc.group_type, inc.group_ranks = float(peak), "dp", ranks.tolist()
     inc.evidence = {
         "summary": (f"{rank_phrase(ranks.tolist(), capital=True)}, all of pipeline stage pp={format_ranks(pps)} at "

@@ -16,10 +16,9 @@ Example::
     >>> from analyzer.config import AnalyzerConfig
     >>> st = StageStreaks((2, 1))
     >>> for it, hot in enumerate([False, True, True, False]):
-    ...     got = st.update(it, np.array([[False], [hot]]), np.array([[1.0], [9.0 if hot else 1.0]]),
-    ...                     np.array([True, True]), AnalyzerConfig())
-    >>> [(int(g), int(s), int(onset), int(last), float(peak)) for g, s, onset, last, peak in got]
-    [(1, 0, 1, 2, 9.0)]
+    ...     got = st.update(it, np.array([[False], [hot]]), np.array([True, True]), AnalyzerConfig())
+    >>> [(int(g), int(s), int(onset), int(last)) for g, s, onset, last in got]
+    [(1, 0, 1, 2)]
 """
 
 from __future__ import annotations
@@ -32,40 +31,33 @@ from analyzer.config import AnalyzerConfig
 
 
 class StageStall(NamedTuple):
-    """A DP group's stall in stage ``s`` that ended: first and last hot iteration, peak ratio
-    (the balance scorer's, against the groups' median)."""
+    """A DP group's stall in stage ``s`` that ended: its first and last hot iteration."""
 
     group: int
     s: int
     onset: int
     last: int
-    peak: float
 
 
 class StageStreaks:
-    """Each (DP group, stage) cell's hot streak, its onset and peak; ``update`` per iteration."""
+    """Each (DP group, stage) cell's hot streak and its onset; ``update`` per iteration."""
 
     def __init__(self, shape: tuple[int, int]):
         self.streak = np.zeros(shape, dtype=np.int64)
         self.onset = np.zeros(shape, dtype=np.int64)
         self.last = np.zeros(shape, dtype=np.int64)
-        self.peak = np.zeros(shape)
 
-    def update(self, iteration: int, hot: np.ndarray, ratio: np.ndarray, present: np.ndarray,
-               cfg: AnalyzerConfig) -> list[StageStall]:
-        """Feed one iteration's ``hot``/``ratio`` ``[group, stage]`` (``present[group]``: some rank
+    def update(self, iteration: int, hot: np.ndarray, present: np.ndarray, cfg: AnalyzerConfig) -> list[StageStall]:
+        """Feed one iteration's ``hot`` ``[group, stage]`` (``present[group]``: some rank
         of the group reported; an absent group's streak is held, neither going on nor ended: a
         stage that went silent did not recover); the streaks of at most ``transient_max``
         iterations that ended with it."""
         seen = present[:, None]
         ended = seen & (~hot) & (self.streak > 0) & (iteration - self.onset <= cfg.transient_max + 1)
-        out = [StageStall(int(g), int(s), int(self.onset[g, s]), int(self.last[g, s]), float(self.peak[g, s]))
-               for g, s in np.argwhere(ended)]
+        out = [StageStall(int(g), int(s), int(self.onset[g, s]), int(self.last[g, s])) for g, s in np.argwhere(ended)]
         on = seen & hot
         start = on & (self.streak == 0)
         self.onset = np.where(start, iteration, self.onset)
         self.last = np.where(on, iteration, self.last)
-        with np.errstate(invalid="ignore"):
-            self.peak = np.where(on, np.fmax(np.where(start, 0.0, self.peak), ratio), np.where(seen, 0.0, self.peak))
         self.streak = np.where(on, self.streak + 1, np.where(seen, 0, self.streak))
         return out

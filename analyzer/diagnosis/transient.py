@@ -81,7 +81,7 @@ class StallPart(NamedTuple):
     gpu_hours: float
     unlikely: bool
     lost_ms: float
-    peak: float | None = None   # a whole DP group's stall (no peer to compare with): its peak ratio
+    peak: float | None = None   # a whole DP group's stall (no peer to compare with): its own peak ratio
 
 
 class TransientStallRule(Rule):
@@ -192,20 +192,19 @@ class TransientStallRule(Rule):
         members = self.topo.members("dp")
         present = obs.present[members].any(axis=1)
         merged: dict[tuple[int, int, int], list[StageStall]] = {}
-        for g in self.stage_streaks.update(obs.iteration, obs.balance_hot, obs.balance_ratio, present, self.cfg):
+        for g in self.stage_streaks.update(obs.iteration, obs.balance_hot, present, self.cfg):
             merged.setdefault((g.s, g.onset, int(self.topo.pp_index[members[g.group][0]])), []).append(g)
         out = []
         for (s, onset, _), gs in merged.items():
             ranks = np.sort(np.concatenate([members[g.group] for g in gs]))
             if any(p.s == s and np.isin(p.ranks, ranks).any() for p in rank_parts):
                 continue
-            part = self._stage_part(ranks, s, onset, max(g.last for g in gs), max(g.peak for g in gs), obs)
+            part = self._stage_part(ranks, s, onset, max(g.last for g in gs), obs)
             if part is not None:
                 out.append(part)
         return out
 
-    def _stage_part(self, ranks: np.ndarray, s: int, onset: int, last: int, peak: float,
-                    obs: Observation) -> StallPart | None:
+    def _stage_part(self, ranks: np.ndarray, s: int, onset: int, last: int, obs: Observation) -> StallPart | None:
         """A whole PP stage's stall, judged by its cost alone (every rank of the stage is in it,
         no chance of others explains it); None when at its peak its ranks took less than
         ``abs_ratio`` times their own time before (no stall)."""
@@ -214,7 +213,7 @@ class TransientStallRule(Rule):
             return None
         cost, gpu_h = self.levels.cost(onset, obs.iteration, self.cfg.l1_min_history, self.topo.world, last=last)
         return StallPart(ranks, np.full(len(ranks), onset), s, cost, gpu_h, False,
-                         lost_ms(obs.window, ranks, s, onset, obs.iteration), own if np.isfinite(own) else peak)
+                         lost_ms(obs.window, ranks, s, onset, obs.iteration), own)
 
     def _incident(self, p: StallPart, obs: Observation, book: IncidentBook) -> Incident:
         """A transient-stall incident, written resolved (registered in ``book``)."""
