@@ -27,6 +27,7 @@ from simulator.fleet import Fleet
 from simulator.fleet_jobs import FaultPlan, FleetJob
 from simulator.fleet_scenarios import lost_iterations, segment_simulator
 from simulator.simulate import _Writer
+from simulator.truth import write_json_file
 
 #: A small job's iterations are posted together up to about this many points.
 BATCH_ROWS = 5000
@@ -127,10 +128,7 @@ class FleetTruth:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     def write(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n", encoding="utf-8")
-        return path
+        return write_json_file(path, self.to_json())
 
     @classmethod
     def read(cls, path: str | Path) -> FleetTruth:

@@ -19,6 +19,14 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def write_json_file(path: str | Path, text: str) -> Path:
+    """Write a truth's JSON ``text`` to ``path`` (its folder made), ending in a newline."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
 def truth_file_name(job: str) -> str:
     """``<job>.truth.json`` for a job name that is a plain file name; any other name (``/``,
     ``..``, a leading dot, spaces, over 100 characters) is made one: its other characters
@@ -94,10 +102,7 @@ class Truth:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def write(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n", encoding="utf-8")
-        return path
+        return write_json_file(path, self.to_json())
 
     @classmethod
     def read(cls, path: str | Path) -> Truth:
