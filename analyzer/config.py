@@ -122,6 +122,7 @@ class AnalyzerConfig:
     report_ratio: float = 1.3
     report_max_ranks: int = 2000
     l2_window: int = 5
+    l2_groups: int = 64
 
     transient_max: int = 3
     transient_z: float = 8.0

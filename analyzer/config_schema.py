@@ -89,6 +89,7 @@ RULES: dict[str, Rule] = {
     "min_sigma": POSITIVE, "baseline_alpha": SHARE, "baseline_warmup": count(1),
     "cv_threshold": POSITIVE, "floor_change": NON_NEGATIVE, "report_ratio": number(1),
     "report_max_ranks": count(1, 100_000_000), "l2_window": count(1),
+    "l2_groups": count(1, 100_000_000),
     # diagnosis
     "transient_max": count(1), "transient_z": POSITIVE, "resolve_after": count(1),
     "reopen_within": count(0), "silent_after": count(1), "silent_after_s": POSITIVE,

@@ -19,7 +19,7 @@ from analyzer.detect.window import Window
 from analyzer.diagnosis import Diagnoser, Observation
 from analyzer.diagnosis.event_verdicts import OutOfBandEvent
 from analyzer.score.impact import ImpactTracker
-from analyzer.score.l2_points import l2_group_frame, l2_rank_frame, window_medians
+from analyzer.score.l2_points import l2_frames, l2_rank_frame, window_medians
 from analyzer.score.rank_scores import RankScorer, RankScores
 from analyzer.score.stage_balance import PipelineBalanceScorer
 from analyzer.score.transfer_floors import TransferFloorScorer
@@ -180,12 +180,12 @@ class JobAnalyzer:
         (:class:`~analyzer.diagnosis.health.DiagnosisHealth`)."""
         return self._diag.health.row(self.job, self.last_time_ms, self.last_iteration, late_points)
 
-    def l2_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """``l2_group`` and ``l2_rank`` points for the latest window."""
+    def l2_frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """``l2_kind``, ``l2_group`` and ``l2_rank`` points for the latest window."""
         if self.last_scores is None or not len(self.window):
-            return pd.DataFrame(), pd.DataFrame()
+            return pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
         med = window_medians(self.window.recent(self.cfg.l2_window))
-        g = l2_group_frame(self.job, self.topo, self.stages, med, self.last_time_ms, self.cfg)
         r = l2_rank_frame(self.job, self.topo, self.stages, med, self.last_scores, self.ranks.ref_kind,
                           self.last_time_ms, self.cfg)
-        return g, r
+        k, g = l2_frames(self.job, self.topo, self.stages, med, self.last_time_ms, self.cfg, r)
+        return k, g, r

@@ -129,6 +129,8 @@ STAGE_LATENCY = "stage_latency"
 EVENT = "event"
 L1_CHANGEPOINT = "l1_changepoint"
 L2_GROUP = "l2_group"
+#: L2 over all of a group kind's groups, per stage: what a wall of a 100,000-rank job can draw.
+L2_KIND = "l2_kind"
 L2_RANK = "l2_rank"
 INCIDENT = "incident"
 #: Rollups the analyzer writes for the dashboards and alert rules (analyzer/write/rollups.py).
@@ -252,7 +254,17 @@ MEASUREMENTS: dict[str, Measurement] = {
         L2_GROUP, ("job", "group_type", "group_id", "stage"),
         {"cv": "float", "mean": "float", "median": "float", "min": "float", "max": "float",
          "std": "float", "size": "int", "anomalous": "int"},
-        "per group and stage statistics over the analysis window; time = window end",
+        "per group and stage statistics over the analysis window, for the notable groups only (the "
+        "l2_groups of highest CV per kind and stage, and the group and stage of each l2_rank point); "
+        "time = window end",
+    ),
+    L2_KIND: Measurement(
+        L2_KIND, ("job", "group_type", "stage"),
+        {"groups": "int", "anomalous": "int", "cv_max": "float", "cv_median": "float", "floor": "float",
+         "median": "float", "max": "float"},
+        "per group kind and stage, over all its groups: how many, how many flagged, the worst and median CV, "
+        "the fastest member (the transfer floor of a collective), the median of the groups' medians, the "
+        "slowest member; time = window end",
     ),
     L2_RANK: Measurement(
         L2_RANK, ("job", "rank", "stage", "node", "host"),

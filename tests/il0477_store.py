@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analyzer.config import AnalyzerConfig
+from analyzer.score.l2_points import l2_frames
 from analyzer.service.analyzer_service import run_once
 from analyzer.write.rollups import incident_host_frame, rollup_frames, window_rollup
 from rankscope import schema
@@ -119,21 +121,12 @@ def stage_cube(rng: np.random.Generator, iterations: np.ndarray, onset: int = ON
     return values, it_ms
 
 
-def _l2_points(job: str, values: np.ndarray, time_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """l2_group (every EP group, mlp and dispatch) and l2_rank (mlp over 2x) of one window."""
+def _l2_points(job: str, values: np.ndarray, time_ms: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """l2_kind and l2_group of one window, made as the analyzer makes them (over the window's
+    mean), and l2_rank (mlp over 2x its EP group's median)."""
     topo, stages = TOPOLOGY, schema.DEFAULT_STAGES.names
     window = values.mean(axis=0)
     members = topo.members("ep")
-    rows = []
-    for stage in ("mlp", "dispatch"):
-        v = window[:, stages.index(stage)][members]
-        mean, std, med = v.mean(axis=1), v.std(axis=1), np.median(v, axis=1)
-        cv = std / mean
-        rows.append(pd.DataFrame({
-            "time": time_ms, "job": job, "group_type": "ep", "group_id": np.arange(len(members)),
-            "stage": stage, "cv": cv, "mean": mean, "median": med, "min": v.min(axis=1),
-            "max": v.max(axis=1), "std": std, "size": members.shape[1],
-            "anomalous": (cv > 0.8).astype(np.int64)}))
     gid = topo.group_ids("ep")
     mlp_all = window[:, stages.index("mlp")]
     ratio = mlp_all / np.median(mlp_all[members], axis=1)[gid]
@@ -142,7 +135,8 @@ def _l2_points(job: str, values: np.ndarray, time_ms: int) -> tuple[pd.DataFrame
         "time": time_ms, "job": job, "rank": flagged, "stage": "mlp",
         "node": flagged // topo.gpus_per_node, "value": mlp_all[flagged], "ratio": ratio[flagged],
         "z": (ratio[flagged] - 1) * 10, "baseline_ratio": 1.0, "group_type": "ep", "group_id": gid[flagged]})
-    return pd.concat(rows, ignore_index=True), ranks
+    kind, group = l2_frames(job, topo, schema.DEFAULT_STAGES, window, time_ms, AnalyzerConfig(), ranks)
+    return kind, group, ranks
 
 
 def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations: int = ITERATIONS,
@@ -199,7 +193,8 @@ def write_schema_points(store: InfluxStore, job: str, start_ms: int, iterations:
         # L2 over the windows of L2_WINDOW iterations after the onset (ending at 24, 29, ... for onset 20)
         for end in its[(its >= onset + L2_WINDOW - 1) & ((its - onset) % L2_WINDOW == L2_WINDOW - 1)]:
             k = int(end - first)
-            group, ranks = _l2_points(job, values[k - L2_WINDOW + 1:k + 1], int(times[end]))
+            kind, group, ranks = _l2_points(job, values[k - L2_WINDOW + 1:k + 1], int(times[end]))
+            store.write_measurement(schema.L2_KIND, kind)
             store.write_measurement(schema.L2_GROUP, group)
             store.write_measurement(schema.L2_RANK, ranks)
             last_window = values[k - L2_WINDOW + 1:k + 1]

@@ -61,8 +61,9 @@ IT = schema.ITERATION_FIELD
 @dataclass
 class Replay:
     """Where a restarted analyzer's replay starts: after ``cursor_ms`` (the last ``history``
-    iterations), the job analyzed before up to ``analyzed_ms`` (its newest ``l2_group``
-    point); ``skipped`` is the replay's first, partial iteration, not replayed."""
+    iterations), the job analyzed before up to ``analyzed_ms`` (its newest ``l2_kind``
+    point, or ``l2_group`` as written before there was ``l2_kind``); ``skipped`` is the replay's
+    first, partial iteration, not replayed."""
 
     cursor_ms: int
     analyzed_ms: int
@@ -122,7 +123,8 @@ class IterationReader:
         if self.until_ms is None:   # the segments a predecessor found, so steps number as before
             self.lifecycle = self.store.read(schema.JOB_LIFECYCLE, self.job)
             self.attempts.restore(self.lifecycle)
-        analyzed = self.store.latest_times(schema.L2_GROUP, self.job, 1)
+        analyzed = self.store.latest_times(schema.L2_KIND, self.job, 1) \
+            or self.store.latest_times(schema.L2_GROUP, self.job, 1)
         if not analyzed:   # never analyzed: everything
             return
         # from where the predecessor's analysis stopped, not from the newest point: one killed

@@ -1,11 +1,18 @@
-"""The L2 points a cycle writes back: ``l2_group`` for every group and stage, ``l2_rank`` above a floor.
+"""The L2 points a cycle writes back: ``l2_kind`` for every group kind and stage, ``l2_group``
+for the notable groups, ``l2_rank`` above a floor.
 
-Both are computed from the per-rank medians over the last ``l2_window``
-iterations (robust to a single noisy iteration), vectorised over all groups
-of every kind. ``l2_rank`` carries only ranks whose ratio to their reference
-group is at least ``report_ratio`` (or at most its inverse: the short
-collectives of ranks that arrive last), at most ``report_max_ranks`` of them,
-so the database is not flooded with 12,960 x 10 scores every cycle.
+All are computed from the per-rank medians over the last ``l2_window`` iterations (robust to
+a single noisy iteration), vectorised over all groups of every kind. ``l2_rank`` carries only
+ranks whose ratio to their reference group is at least ``report_ratio`` (or at most its
+inverse: the short collectives of ranks that arrive last), at most ``report_max_ranks`` of
+them, so the database is not flooded with 12,960 x 10 scores every cycle.
+
+``l2_group`` is bounded the same way: per kind and stage, the ``l2_groups`` groups of highest
+CV (every group of a kind that has no more), and the group and stage of each ``l2_rank`` point
+(so a culprit's group is drawn beside it). Every
+group x stage of a 100,000-rank job was 319,000 series and points a cycle (nine tenths of the
+long policy's series and of the analyzer's writes, docs/scaling.md); the summary over all of
+a kind's groups (worst CV, flagged count, transfer floor, median) is ``l2_kind``, a few dozen.
 """
 
 from __future__ import annotations
@@ -30,29 +37,62 @@ def window_medians(values: np.ndarray) -> np.ndarray:
         return nanmedian(values, axis=0)
 
 
-def l2_group_frame(job: str, topo: Topology, stages: StageSet, med: np.ndarray, time_ms: int,
-                   cfg: AnalyzerConfig) -> pd.DataFrame:
-    """One row per (group kind, group, stage) for kinds with more than one member."""
-    frames = []
+def notable_groups(cv: np.ndarray, keep: int) -> np.ndarray:
+    """``[G, S]`` mask of the ``keep`` groups of highest CV in each stage (NaN last)."""
+    mask = np.zeros(cv.shape, dtype=bool)
+    if keep >= cv.shape[0]:
+        mask[:] = True
+    else:
+        top = np.argpartition(np.where(np.isnan(cv), np.inf, -cv), keep - 1, axis=0)[:keep]
+        np.put_along_axis(mask, top, True, axis=0)
+    return mask
+
+
+def l2_frames(job: str, topo: Topology, stages: StageSet, med: np.ndarray, time_ms: int,
+              cfg: AnalyzerConfig, reported: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``l2_kind`` (one row per group kind and stage) and ``l2_group`` (the notable groups of
+    each, see the module's docstring; ``reported``: the ``l2_rank`` frame, whose groups are
+    written in their stage whatever their CV) for kinds with more than one member."""
+    kinds, groups = [], []
+    names = np.array(stages.names, dtype=object)
     for kind in GROUP_KINDS:
         if topo.group_size(kind) < 2:
             continue
         st = group_stats(med, topo.members(kind))
-        g, s = st.mean.shape
-        gid = np.repeat(np.arange(g), s)
-        sid = np.tile(np.arange(s), g)
-        frames.append(pd.DataFrame({
-            "group_type": kind, "group_id": gid, "stage": np.array(stages.names, dtype=object)[sid],
-            "cv": st.cv.reshape(-1), "mean": st.mean.reshape(-1), "median": st.median.reshape(-1),
-            "min": st.min.reshape(-1), "max": st.max.reshape(-1), "std": st.std.reshape(-1),
-            "size": st.count.reshape(-1).astype(np.int64),
-            "anomalous": (np.nan_to_num(st.cv.reshape(-1)) > cfg.cv_threshold).astype(np.int64),
-        }))
+        flagged = np.nan_to_num(st.cv) > cfg.cv_threshold
+        kinds.append(_kind_rows(kind, names, st, flagged))
+        keep = notable_groups(st.cv, cfg.l2_groups)
+        if len(reported):
+            mine = reported[reported["group_type"] == kind]
+            keep[mine["group_id"].to_numpy(np.int64), pd.Index(stages.names).get_indexer(mine["stage"])] = True
+        gi, si = np.nonzero(keep & np.isfinite(st.mean))
+        groups.append(pd.DataFrame({
+            "group_type": kind, "group_id": gi.astype(np.int64), "stage": names[si],
+            "cv": st.cv[gi, si], "mean": st.mean[gi, si], "median": st.median[gi, si],
+            "min": st.min[gi, si], "max": st.max[gi, si], "std": st.std[gi, si],
+            "size": st.count[gi, si].astype(np.int64), "anomalous": flagged[gi, si].astype(np.int64)}))
+    return _stamped(kinds, job, time_ms), _stamped(groups, job, time_ms)
+
+
+def _kind_rows(kind: str, names: np.ndarray, st, flagged: np.ndarray) -> pd.DataFrame:
+    """A kind's summary over all its groups, one row per stage that any group has data of."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        df = pd.DataFrame({
+            "group_type": kind, "stage": names, "groups": np.isfinite(st.mean).sum(axis=0).astype(np.int64),
+            "anomalous": flagged.sum(axis=0).astype(np.int64), "cv_max": np.nanmax(st.cv, axis=0),
+            "cv_median": nanmedian(st.cv, axis=0), "floor": np.nanmin(st.min, axis=0),
+            "median": nanmedian(st.median, axis=0), "max": np.nanmax(st.max, axis=0)})
+    return df[df["groups"].to_numpy() > 0]
+
+
+def _stamped(frames: list[pd.DataFrame], job: str, time_ms: int) -> pd.DataFrame:
+    if not frames:
+        return pd.DataFrame()
     df = pd.concat(frames, ignore_index=True)
-    df = df[np.isfinite(df["mean"].to_numpy())]
     df.insert(0, "job", job)
     df.insert(0, "time", np.int64(time_ms))
-    return df.reset_index(drop=True)
+    return df
 
 
 def l2_rank_frame(job: str, topo: Topology, stages: StageSet, med: np.ndarray, scores: RankScores,

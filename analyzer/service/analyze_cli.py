@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "analyze", help="run the analyzer: L1 change points, L2 group scores, diagnosis",
         description="Read stage latencies from the store, find iteration-time change points (L1), "
                     "score ranks inside their parallel groups (L2), diagnose culprit ranks/node/class, "
-                    "and write l1_changepoint, l2_group, l2_rank and incident points back. Runs every "
+                    "and write l1_changepoint, l2_kind, l2_group, l2_rank and incident points back. Runs every "
                     "--every interval (APScheduler; a failed cycle is logged and the next one runs), "
                     "or once with --once.")
     add_store_options(p)

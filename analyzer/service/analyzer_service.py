@@ -8,7 +8,7 @@ Each cycle, per job:
    are read once;
 2. **feed**: the iterations to the job's :class:`~analyzer.job_analyzer.JobAnalyzer`, started
    from the layout of its first iterations, following the placement the rows describe;
-3. **write**: ``l1_changepoint``, ``l2_group``, ``l2_rank``, ``job_health``, ``incident`` and
+3. **write**: ``l1_changepoint``, ``l2_kind``, ``l2_group``, ``l2_rank``, ``job_health``, ``incident`` and
    ``incident_host`` points, and the rollups of the iterations processed (``rollup_host``,
    ``rollup_job``, and the ``rollup_host_5m`` windows and ``rollup_host_1h`` hours closed,
    made in memory: :mod:`analyzer.write.outputs`), all keyed by time and tags, so a re-run
@@ -211,7 +211,7 @@ class AnalyzerService:
 
     def _store(self, job: str, out: CycleOutputs, report: CycleReport, final: bool) -> None:
         """The rollups held and the windows closed (by the data and the clock: a job that ended
-        or hangs still gets its last ones), then what the cycle analyzed, ``l2_group`` last."""
+        or hangs still gets its last ones), then what the cycle analyzed, ``l2_kind`` last."""
         ja, rollups = self.analyzers[job], self.rollups.get(job)
         t0 = time.perf_counter()
         if rollups is not None:

@@ -7,8 +7,8 @@
   (:mod:`analyzer.write.window_rollups`, made in memory). Points a failed write left are
   written with the next.
 - :class:`CycleOutputs` (one cycle, kept until stored): the ``l1_changepoint``,
-  ``l2_group``, ``l2_rank``, ``job_health``, ``incident`` and ``incident_host`` points of
-  what the cycle analyzed, ``l2_group`` last.
+  ``l2_rank``, ``l2_group``, ``job_health``, ``incident``, ``incident_host`` and ``l2_kind``
+  points of what the cycle analyzed, ``l2_kind`` last.
 
 Every point is keyed by time and tags, none by the wall clock or a counter of attempts, so
 writing the same iterations again writes the same points.
@@ -27,6 +27,16 @@ from rankscope.frames import LatencyCube
 from rankscope.incident import Incident, incidents_frame
 from rankscope.store import Store
 from rankscope.topology import Topology
+
+
+@dataclass(frozen=True)
+class L2Points:
+    """One window's L2 frames: ``l2_kind``, ``l2_group`` and ``l2_rank``."""
+
+    kind: pd.DataFrame = field(default_factory=pd.DataFrame)
+    group: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rank: pd.DataFrame = field(default_factory=pd.DataFrame)
+
 
 #: ``rollup_host`` rows held before they are written: about what one read of raw points holds.
 FLUSH_ROWS = 200_000
@@ -96,7 +106,7 @@ class CycleOutputs:
     changepoints: list = field(default_factory=list)
     incidents: dict[str, Incident] = field(default_factory=dict)
     iterations: int = 0
-    l2: tuple[pd.DataFrame, pd.DataFrame] | None = None
+    l2: L2Points | None = None
     health: dict | None = None
     lifecycle: list[dict] = field(default_factory=list)   # job_lifecycle: restarts, its end
 
@@ -107,9 +117,10 @@ class CycleOutputs:
             self.incidents[inc.id] = inc
         self.iterations += len(result.iterations)
 
-    def analyzed(self, l2: tuple[pd.DataFrame, pd.DataFrame], health: dict) -> None:
-        """The analyzer's state once the cycle analyzed all it read."""
-        self.l2, self.health = l2, health
+    def analyzed(self, l2: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame], health: dict) -> None:
+        """The analyzer's state once the cycle analyzed all it read: its ``l2_kind``,
+        ``l2_group`` and ``l2_rank`` frames, its ``job_health`` row."""
+        self.l2, self.health = L2Points(*l2), health
 
     @property
     def complete(self) -> bool:
@@ -117,10 +128,10 @@ class CycleOutputs:
         return self.health is not None
 
     def write(self, store: Store) -> None:
-        """``l1_changepoint``, ``incident`` and ``incident_host``, the ``l2_rank`` frame, the
-        ``job_health`` row and the ``l2_group`` frame last: a restarted analyzer takes the
-        newest ``l2_group`` point for what was analyzed and stored (the cycle stores its
-        rollups before these). Each is keyed by time and tags: written again, the same points.
+        """``l1_changepoint``, ``incident`` and ``incident_host``, the ``l2_rank`` and
+        ``l2_group`` frames, the ``job_health`` row and the ``l2_kind`` frame last: a restarted
+        analyzer takes the newest ``l2_kind`` point for what was analyzed and stored (the cycle
+        stores its rollups before these). Each is keyed by time and tags: written again, the same points.
         ``job_lifecycle`` first: the steps of everything else are numbered by it."""
         if self.lifecycle:
             store.write_measurement(schema.JOB_LIFECYCLE, pd.DataFrame(self.lifecycle))
@@ -130,10 +141,11 @@ class CycleOutputs:
             incidents = list(self.incidents.values())
             store.write_measurement(schema.INCIDENT, incidents_frame(incidents))
             store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(incidents))
-        group, rank = self.l2 if self.l2 is not None else (pd.DataFrame(), pd.DataFrame())
-        if len(rank):
-            store.write_measurement(schema.L2_RANK, rank)
+        l2 = self.l2 if self.l2 is not None else L2Points()
+        for name, frame in ((schema.L2_RANK, l2.rank), (schema.L2_GROUP, l2.group)):
+            if len(frame):
+                store.write_measurement(name, frame)
         if self.health is not None:
             store.write_measurement(schema.JOB_HEALTH, pd.DataFrame([self.health]))
-        if len(group):
-            store.write_measurement(schema.L2_GROUP, group)
+        if len(l2.kind):
+            store.write_measurement(schema.L2_KIND, l2.kind)
