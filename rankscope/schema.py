@@ -146,6 +146,11 @@ ROLLUP_HOST_HOUR = "rollup_host_1h"
 ROLLUP_HOUR_MS = 3_600_000
 INCIDENT_HOST = "incident_host"
 JOB_HEALTH = "job_health"
+#: L3: each rank's kernels per window of profiled steps, as modes (collector/kernel_channel.py),
+#: their names once, and the analyzer's findings on them (analyzer/score/kernel_scores.py).
+KERNEL_STATS = "kernel_stats"
+KERNEL_NAME = "kernel_name"
+L3_KERNEL = "l3_kernel"
 #: A job's life as the analyzer saw it: restarts (iterations going back), jumps, its end.
 JOB_LIFECYCLE = "job_lifecycle"
 
@@ -257,6 +262,25 @@ MEASUREMENTS: dict[str, Measurement] = {
         "per group and stage statistics over the analysis window, for the notable groups only (the "
         "l2_groups of highest CV per kind and stage, and the group and stage of each l2_rank point); "
         "time = window end",
+    ),
+    KERNEL_STATS: Measurement(
+        KERNEL_STATS, RANK_TAGS, {ITERATION_FIELD: "int", "events": "int"},
+        "one point per rank and window of profiled steps; besides iteration (the window's last step) "
+        "and events, per kernel id (k + 10 hex digits of its name's hash, or 'other' for the kernels "
+        "past the top K) and mode j: <id>_m<j>_n (events, a float), <id>_m<j>_p50 and <id>_m<j>_p99 (us); "
+        "time = the window's end",
+    ),
+    KERNEL_NAME: Measurement(
+        KERNEL_NAME, ("job", "kernel"), {"name": "str", "kind": "str"},
+        "a kernel id's name (cut to 512 characters) and kind (compute|comm); time = first seen",
+    ),
+    L3_KERNEL: Measurement(
+        L3_KERNEL, ("job", "rank", "kernel"),
+        {"name": "str", "kind": "str", "host": "str", "w1_us": "float", "shift_us": "float",
+         "ref_median_us": "float", "ratio": "float", "group_type": "str", "group_id": "int",
+         "iteration": "int", "windows": "int", "confirmed": "int"},
+        "ranks whose kernel distribution stands out of their group's (L3); windows: in a row, confirmed: "
+        "1 from 2 windows in a row; time = the window's end",
     ),
     L2_KIND: Measurement(
         L2_KIND, ("job", "group_type", "stage"),

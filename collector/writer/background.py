@@ -92,16 +92,20 @@ class BackgroundWriter:
     batch_size: most points per write.
     flush_interval_s: how long the thread waits for more points before writing.
     backoff_s, backoff_max_s: first and largest wait after a failed write (doubling).
+    measurement: what the points are (``stage_latency``; ``kernel_stats`` and ``kernel_name``
+        for the kernel channel: :mod:`collector.kernel_channel`).
     """
 
     def __init__(self, store: Store, capacity: int = 10_000, batch_size: int = 5_000,
                  flush_interval_s: float = 1.0, backoff_s: float = 0.5, backoff_max_s: float = 30.0,
-                 name: str = "rankscope-writer"):
+                 name: str = "rankscope-writer", measurement: str = schema.STAGE_LATENCY):
+        if measurement not in schema.MEASUREMENTS:
+            raise ValueError(f"measurement {measurement!r} is not one of the schema's")
         if capacity < 1 or batch_size < 1:
             raise ValueError(f"capacity ({capacity}) and batch_size ({batch_size}) must be >= 1")
         if flush_interval_s <= 0 or backoff_s <= 0 or backoff_max_s < backoff_s:
             raise ValueError("flush_interval_s and backoff_s must be > 0, backoff_max_s >= backoff_s")
-        self.store = store
+        self.store, self.measurement = store, measurement
         self.capacity = capacity
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
@@ -187,7 +191,11 @@ class BackgroundWriter:
         """One write of ``batch``: True when its fate is settled, False to retry it later."""
         size = len(batch.points)
         try:
-            self.store.write_stage_latency(pd.DataFrame(batch.points))
+            frame = pd.DataFrame(batch.points)
+            if self.measurement == schema.STAGE_LATENCY:
+                self.store.write_stage_latency(frame)
+            else:
+                self.store.write_measurement(self.measurement, frame)
             rejected = 0
         except RejectedPointsError as exc:  # the data's fault: the valid points went in
             rejected = len(exc.report.rejected)

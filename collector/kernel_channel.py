@@ -1,0 +1,160 @@
+"""The kernel channel: per window of profiled steps, each kernel's modes as one ``kernel_stats`` point.
+
+A window's kernel events (name, duration) come from torch.profiler (:func:`profiler_events`: on a
+GPU the CUDA kernels Kineto records, on CPU the operators, so the same path runs in a gloo job)
+or from a trace file. Per kernel they are compressed to their modes (count, p50, p99:
+:func:`collector.kernel_modes.compress`). The point is bounded whatever the model runs:
+
+- the ``top_k`` kernels by total time in the window keep their own fields; the others are pooled
+  into one ``other`` kernel;
+- a kernel's fields are named by a 10-hex-digit hash of its name (``k1a2b3c4d5e_m0_p50``), so
+  the series stay one per rank (as ``stage_latency``): a kernel is a field, never a tag;
+- its name is written once by each rank, in ``kernel_name`` (job, kernel -> name, kind; stamped
+  at the hour, so the ranks' points coincide), cut to ``MAX_NAME`` characters (a templated CUDA
+  kernel's name runs to thousands).
+
+At ``top_k`` = 16 and 3 modes that is at most 17 x 3 x 3 numbers a rank a window: about 2 KB as
+line protocol (docs/schema.md).
+
+Example::
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> events = [("aten::mm", float(d)) for d in rng.lognormal(np.log(120), 0.05, 50)]
+    >>> ch = KernelChannel({"job": "j", "rank": 0}, top_k=4)
+    >>> point, names = ch.window(7, 1_000, events)
+    >>> kid = kernel_id("aten::mm")
+    >>> point[f"{kid}_m0_n"], round(point[f"{kid}_m0_p50"], -1), names[0]["name"], names[0]["kind"]
+    (50.0, 120.0, 'aten::mm', 'compute')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from collector.kernel_modes import compress
+from rankscope import schema
+
+#: Characters of a kernel's name kept in ``kernel_name``.
+MAX_NAME = 512
+#: ``kernel_name`` points are stamped at the hour: all ranks' names of a kernel are one point.
+HOUR_MS = 3_600_000
+#: The pooled kernels' id.
+OTHER = "other"
+_COMM = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|nccl|gloo|c10d|"
+                   r"send|recv", re.IGNORECASE)
+
+
+def kernel_id(name: str) -> str:
+    """The field prefix of a kernel: ``k`` and 10 hex digits of its name's BLAKE2b hash."""
+    return "k" + hashlib.blake2b(name.encode("utf-8", "replace"), digest_size=5).hexdigest()
+
+
+def kernel_kind(name: str) -> str:
+    """``comm`` for a collective or point-to-point transfer, else ``compute``."""
+    return "comm" if _COMM.search(name) else "compute"
+
+
+class KernelChannel:
+    """One rank's kernel windows, compressed, to ``sink`` (e.g. the background writer of
+    ``kernel_stats``) and, for kernels not seen before, ``names_sink`` (of ``kernel_name``).
+
+    Parameters
+    ----------
+    tags: the rank's tags (:meth:`collector.coordinates.RankCoordinates.tags`).
+    top_k: kernels with fields of their own, by total time in the window (default 16).
+    max_modes: modes kept per kernel, the most frequent (default 3).
+    """
+
+    def __init__(self, tags: dict[str, Any], sink: Callable[[dict], None] | None = None,
+                 names_sink: Callable[[dict], None] | None = None, top_k: int = 16, max_modes: int = 3):
+        if top_k < 1 or max_modes < 1:
+            raise ValueError(f"top_k ({top_k}) and max_modes ({max_modes}) must be >= 1")
+        self.tags, self.sink, self.names_sink = dict(tags), sink, names_sink
+        self.top_k, self.max_modes = top_k, max_modes
+        self._named: set[str] = set()
+
+    def window(self, iteration: int, time_ms: int, events: Iterable[tuple[str, float]]) -> tuple[dict, list[dict]]:
+        """The ``kernel_stats`` point of a window ending at ``iteration`` and the ``kernel_name``
+        points of kernels new to this rank; both also handed to the sinks. Events with a
+        duration that is not a positive finite number are left out."""
+        frame = pd.DataFrame(list(events), columns=["name", "us"])
+        frame = frame[np.isfinite(frame["us"].to_numpy(float)) & (frame["us"].to_numpy(float) > 0)]
+        point: dict[str, Any] = {"time": int(time_ms), **self.tags, schema.ITERATION_FIELD: int(iteration),
+                                 "events": len(frame)}
+        totals = frame.groupby("name", sort=False)["us"].sum().sort_values(ascending=False, kind="stable")
+        top = list(totals.index[: self.top_k])
+        names = []
+        for name in top:
+            kid = kernel_id(name)
+            self._fields(point, kid, frame["us"].to_numpy(float)[frame["name"].to_numpy() == name])
+            if kid not in self._named:
+                self._named.add(kid)
+                names.append({"time": int(time_ms) // HOUR_MS * HOUR_MS, "job": self.tags.get("job"), "kernel": kid,
+                              "name": name[:MAX_NAME], "kind": kernel_kind(name)})
+        rest = frame["us"].to_numpy(float)[~frame["name"].isin(top).to_numpy()]
+        if rest.size:
+            self._fields(point, OTHER, rest)
+        if self.sink is not None:
+            self.sink(point)
+        if self.names_sink is not None:
+            for n in names:
+                self.names_sink(n)
+        return point, names
+
+    def _fields(self, point: dict[str, Any], kid: str, durations: np.ndarray) -> None:
+        modes = sorted(compress(durations), key=lambda m: -m.count)[: self.max_modes]
+        for j, m in enumerate(sorted(modes, key=lambda m: m.p50_us)):
+            point[f"{kid}_m{j}_n"] = float(m.count)   # float: a batch of points with other kernels holds NaN
+            point[f"{kid}_m{j}_p50"] = m.p50_us
+            point[f"{kid}_m{j}_p99"] = m.p99_us
+
+
+def profiler_events(prof: Any, device: str = "cpu") -> list[tuple[str, float]]:
+    """(name, duration in us) of a torch.profiler window's events: CUDA kernels with
+    ``device="cuda"``, CPU operators with ``"cpu"`` (a gloo job's "kernels")."""
+    want = device.upper()
+    out = []
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).rsplit(".", 1)[-1] != want:
+            continue
+        out.append((str(e.name), float(e.time_range.elapsed_us())))
+    return out
+
+
+class ProfilerWindows:
+    """torch.profiler sampled in a training loop: ``active`` steps of every ``every``, each window
+    handed to a :class:`KernelChannel` (CUDA kernels where ``device`` is ``cuda``, the CPU
+    operators otherwise). Call :meth:`step` after every step, :meth:`close` at the end."""
+
+    def __init__(self, channel: KernelChannel, every: int = 100, active: int = 2, device: str | None = None):
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        if active < 1 or every < active + 1:
+            raise ValueError(f"kernel windows: need 1 <= active ({active}) < every ({every})")
+        self.channel, self.iteration, self.windows = channel, 0, 0
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
+        self._prof = profile(activities=acts, on_trace_ready=self._ready,
+                             schedule=schedule(wait=every - active - 1, warmup=1, active=active))
+        self._prof.__enter__()
+
+    def _ready(self, prof: Any) -> None:
+        self.channel.window(self.iteration, int(time.time() * 1000), profiler_events(prof, self.device))
+        self.windows += 1
+
+    def step(self, iteration: int) -> None:
+        """The step ``iteration`` ended."""
+        self.iteration = int(iteration)
+        self._prof.step()
+
+    def close(self) -> None:
+        self._prof.__exit__(None, None, None)
