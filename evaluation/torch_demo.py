@@ -72,6 +72,8 @@ class DemoConfig:
     seed: int = 0
     progress: bool = False  # rank 0 reports its iterations on stderr
     ab_block: int = 0  # > 0: the timer is paused in every other block of this many iterations
+    kernel_every: int = 0  # > 0: the kernel channel profiles kernel_active steps of every this many
+    kernel_active: int = 2
 
     def __post_init__(self) -> None:
         if self.world < 1 or self.iterations < 1:
@@ -82,6 +84,9 @@ class DemoConfig:
             raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
         if self.world % self.ranks_per_node:
             raise ValueError(f"world {self.world} is not a multiple of gpus_per_node {self.gpus_per_node}")
+        if self.kernel_every and (self.profile_dir or not self.instrument):
+            raise ValueError("the kernel channel (kernel_every) needs the timer's store and no profile_dir: "
+                             "torch.profiler runs once per process")
 
     @property
     def ranks_per_node(self) -> int:
@@ -150,12 +155,16 @@ def build_model(cfg: DemoConfig) -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             gates = torch.softmax(self.router(x), dim=-1)
             out = x
+            extra = -(-self.degraded_passes // len(self.experts))   # the slow device's, per expert
             for e, expert in enumerate(self.experts):
-                out = out + gates[..., e:e + 1] * expert(x)
-            if self.degraded_passes:
-                with torch.no_grad():
-                    for i in range(self.degraded_passes):
-                        self.experts[i % len(self.experts)](x)
+                # one operator as a profiler sees it (a fused expert kernel): the degraded
+                # device's extra work falls inside it
+                with torch.profiler.record_function("moe.expert_ffn"):
+                    out = out + gates[..., e:e + 1] * expert(x)
+                    if extra:
+                        with torch.no_grad():
+                            for _ in range(extra):
+                                expert(x)
             return out
 
     class Block(nn.Module):
@@ -189,7 +198,8 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
 
-        timer = writer = None
+        timer = writer = kernels = None
+        kernel_writers: list[Any] = []
         if cfg.instrument:
             from collector.coordinates import detect
             from collector.stage_timer import StageTimer
@@ -202,6 +212,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
                 # SQLite file to WAL, which fails with "database is locked" when raced
                 if turn == rank:
                     writer = open_writer(cfg.store, cfg.bucket)
+                    kernels, kernel_writers = _kernel_windows(cfg, coords.tags())
                 dist.barrier()
             timer = StageTimer(coords, sink=writer.put)
             timer.time_module(model.attention, "attention")
@@ -263,6 +274,8 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
                 opt.zero_grad(set_to_none=True)
             if prof is not None:
                 prof.step()
+            if kernels is not None:
+                kernels.step(it)
             step_s.append(time.perf_counter() - t0)
             instrumented.append(timed)
             if cfg.progress and rank == 0 and (it + 1) % 10 == 0:
@@ -272,6 +285,10 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
         if prof is not None:
             prof.__exit__(None, None, None)
         stats = {}
+        if kernels is not None:
+            kernels.close()
+        for w in kernel_writers:
+            w.close()
         if timer is not None and writer is not None:
             timer.close()
             stats = asdict(writer.close())
@@ -279,6 +296,21 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _kernel_windows(cfg: DemoConfig, tags: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The kernel channel of one rank (None when off): torch.profiler windows, their
+    ``kernel_stats`` and ``kernel_name`` points through writers of their own (returned too)."""
+    if not cfg.kernel_every:
+        return None, []
+    from collector.kernel_channel import KernelChannel, ProfilerWindows
+    from collector.writer import open_writer
+    from rankscope import schema
+
+    stats = open_writer(cfg.store, cfg.bucket, measurement=schema.KERNEL_STATS)
+    names = open_writer(cfg.store, cfg.bucket, measurement=schema.KERNEL_NAME)
+    channel = KernelChannel(tags, sink=stats.put, names_sink=names.put)
+    return ProfilerWindows(channel, cfg.kernel_every, cfg.kernel_active, device="cpu"), [stats, names]
 
 
 def run_demo(cfg: DemoConfig) -> DemoResult:

@@ -34,7 +34,8 @@ def test_the_rank_whose_kernel_slowed_is_the_outlier_against_its_own_group():
     medians[37] *= 1.4
     d = _scores(medians)
     assert np.flatnonzero(d.outlier).tolist() == [37]
-    assert d.shift_us[37] == pytest.approx(0.4 * medians[37] / 1.4 * 1.15, rel=0.2)   # the mean moved
+    # the mean of the body (quantiles up to 0.9) moved by about 40 us
+    assert d.shift_us[37] == pytest.approx(0.4 * medians[37] / 1.4, rel=0.2)
 
 
 def test_a_faster_rank_a_missing_kernel_and_healthy_ranks_are_no_outliers():

@@ -7,14 +7,25 @@ pointwise median of the group's CDFs on a common grid: O(ranks x grid). On durat
 
     W1(r) = integral |F_r(x) - F_ref(x)| dx,   shift(r) = integral (F_ref(x) - F_r(x)) dx
 
-(``shift`` > 0: the rank is slower than its group by that many us on average). Outliers are the
-ranks beyond Tukey's upper fence of the job's distances (``q3 + fence * IQR``) that are slower
-than their group, and by at least ``min_shift`` of its median.
+(``shift`` > 0: the rank is slower than its group by that many us on average). Distances are
+compared relative to the reference's median (``w1 / ref_median``), so groups and kernels of
+different scales share one fence. Outliers are the ranks beyond the job's upper fence of these
+relative distances, ``median + fence * sigma`` with ``sigma`` the scaled MAD (at least
+``min_sigma``), that are slower than their group by at least ``min_shift`` of its median.
+ARGUS uses Tukey's IQR fence; for many ranks ``median + 5 sigma`` is about as far as Tukey's
+"far out" ``q3 + 3 IQR`` (4.7 sigma on normal data), but it stays defined for a job of 4 ranks,
+whose ``q3`` is the outlier's own distance.
 
 Parameters
 ----------
 points: grid points (log-spaced over every rank's range) the CDFs are compared on (default 64).
-fence: the IQR multiple of the upper fence (default 3: "far out").
+fence: how many robust sigmas above the median distance a rank is an outlier (default 5).
+min_sigma: the smallest sigma of the relative distances (default 0.02).
+min_shift: how much slower than its group's median an outlier is at least (default 0.1).
+trim: the distances are over the quantiles up to this one (default 0.9: ``min(F, trim)`` in the
+    integrals, divided by ``trim``: means over the body's quantiles): a degraded kernel moves its
+    whole distribution, while a few events stretched by the host (a preempted thread, a JIT
+    compile) move only its tail, and are another finding.
 
 Example::
 
@@ -48,8 +59,8 @@ class KernelDistances:
 
 
 def kernel_distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, members: np.ndarray,
-                     group_ids: np.ndarray, points: int = 64, fence: float = 3.0,
-                     min_shift: float = 0.1) -> KernelDistances:
+                     group_ids: np.ndarray, points: int = 64, fence: float = 5.0,
+                     min_shift: float = 0.1, min_sigma: float = 0.02, trim: float = 0.9) -> KernelDistances:
     """Distances of every rank's kernel distribution (modes ``[R, M]``, NaN-padded) to its
     group's (``members`` ``[G, k]``, ``group_ids`` ``[R]``), and the outliers."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -63,14 +74,16 @@ def kernel_distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, member
     ref = group_medians(cdf, members)[group_ids]                 # [R, X]
     x = np.exp(grid)
     dx = np.diff(x)
-    diff = ref - cdf
-    mid = 0.5 * (diff[:, 1:] + diff[:, :-1])
-    w1 = (np.abs(mid) * dx).sum(axis=1)
-    shift = (mid * dx).sum(axis=1)
     ref_med = x[np.clip((ref < 0.5).sum(axis=1), 0, points - 1)]
+    diff = np.minimum(ref, trim) - np.minimum(cdf, trim)         # the body: quantiles up to trim
+    mid = 0.5 * (diff[:, 1:] + diff[:, :-1])
+    w1 = (np.abs(mid) * dx).sum(axis=1) / trim      # means over the body's quantiles
+    shift = (mid * dx).sum(axis=1) / trim
     missing = np.isnan(cdf).all(axis=1)
     w1[missing], shift[missing] = np.nan, np.nan
-    q1, q3 = np.nanquantile(w1, [0.25, 0.75])
-    with np.errstate(invalid="ignore"):
-        outlier = (w1 > q3 + fence * (q3 - q1)) & (shift >= min_shift * ref_med)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = w1 / ref_med
+        center = np.nanmedian(rel)
+        sigma = max(1.4826 * float(np.nanmedian(np.abs(rel - center))), min_sigma)
+        outlier = (rel > center + fence * sigma) & (shift >= min_shift * ref_med)
     return KernelDistances(w1, shift, ref_med, outlier)

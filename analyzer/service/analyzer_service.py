@@ -57,6 +57,7 @@ from analyzer.service.job_life import (
     left_ranks,
     stored_end,
 )
+from analyzer.service.kernel_cycle import KernelCycle
 from analyzer.service.shards import Shard
 from analyzer.write.outputs import CycleOutputs, JobRollups
 from rankscope.frames import frame_to_cube
@@ -91,6 +92,7 @@ class AnalyzerService:
         self.rollups: dict[str, JobRollups] = {}        # each job's rollups, windows made in memory
         self.pending: dict[str, CycleOutputs] = {}      # each job's outputs not yet stored
         self.ended: dict[str, JobEnd] = {}              # jobs that ended (released), until reused
+        self.kernels = KernelCycle(store)               # L3: each job's kernel windows
         self._started: dict[str, int] = {}   # the segment each job's analyzer began in; ... was fed last:
         self._segment: dict[str, int] = {}
 
@@ -222,6 +224,7 @@ class AnalyzerService:
             report.iterations[job] = report.iterations.get(job, 0) + out.iterations
             report.changepoints += len(out.changepoints)
             report.incidents += list(out.incidents.values())
+        self.kernels.run(job, ja.topo, final)
         report.write_s += time.perf_counter() - t0
 
     def _feed(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs,
@@ -370,23 +373,19 @@ class AnalyzerService:
             report.incidents += list(out.incidents.values())
             report.ended.append(job)
             self.ended[job] = end
-            for held in (self.analyzers, self.readers, self.rollups, self._started, self._segment):
+            for held in (self.analyzers, self.readers, self.rollups, self._started, self._segment,
+                         self.kernels.done, self.kernels.names, self.kernels.streaks, self.kernels.windows):
                 held.pop(job, None)
 
     def stored_incidents(self, job: str | None = None) -> list[Incident]:
         """Every incident of the analyzed jobs as the store holds them (also those resolved
         long ago, which the analyzers no longer keep in memory), oldest onset first."""
-        out = []
-        for name in sorted(self.analyzers):
-            if job is None or name == job:
-                out += load_incidents(self.store, name)
+        out = [i for name in sorted(self.analyzers) if job is None or name == job
+               for i in load_incidents(self.store, name)]
         return sorted(out, key=lambda i: (i.job, i.onset_ms, i.id))
 
     def incidents(self, job: str | None = None) -> list[Incident]:
-        out = []
-        for name, ja in self.analyzers.items():
-            if job is None or name == job:
-                out += ja.incidents()
+        out = [i for name, ja in self.analyzers.items() if job is None or name == job for i in ja.incidents()]
         return sorted(out, key=lambda i: (i.job, i.onset_ms, i.id))
 
 

@@ -1,0 +1,93 @@
+"""L3: which ranks run a kernel slower than their parallel group, from one window's ``kernel_stats``.
+
+Each point of the window is one rank's kernels as modes (``<id>_m<j>_n``, ``_p50``, ``_p99``:
+:mod:`collector.kernel_channel`). Per kernel id, the modes of every rank (``[R, M]``, NaN where a
+rank has none) go to :func:`analyzer.score.kernel_distance.kernel_distances` against the rank's
+own group of ``group_kind`` (data parallel by default: its members run the same kernels on the
+same shapes). The pooled ``other`` kernel is not scored (its mix differs from rank to rank).
+
+A finding names the rank, the kernel (id, name, compute or comm), the rank's host, its group, and
+how far: W1 and the mean shift to the group's reference (us), and ``ratio`` = (reference median +
+shift) / reference median.
+
+Example::
+
+    >>> import numpy as np, pandas as pd
+    >>> from rankscope.topology import Topology
+    >>> rows = [{"rank": r, "kabc_m0_n": 100, "kabc_m0_p50": 150.0 if r == 5 else 100.0,
+    ...          "kabc_m0_p99": 165.0 if r == 5 else 110.0} for r in range(8)]
+    >>> f = kernel_findings(pd.DataFrame(rows), {"kabc": ("aten::mm", "compute")}, Topology(dp=8))
+    >>> f[["rank", "name", "kind", "group_type"]].to_dict("records"), round(float(f["ratio"].iloc[0]), 1)
+    ([{'rank': 5, 'name': 'aten::mm', 'kind': 'compute', 'group_type': 'dp'}], 1.5)
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from analyzer.score.kernel_distance import kernel_distances
+from rankscope.topology import Topology
+
+_FIELD = re.compile(r"^(k[0-9a-f]{10}|k[0-9a-z]+)_m(\d+)_(n|p50|p99)$")
+#: The pooled kernels' id (:data:`collector.kernel_channel.OTHER`): not scored.
+OTHER = "other"
+
+
+def kernel_columns(columns) -> dict[str, int]:
+    """Kernel id -> modes, from a ``kernel_stats`` frame's columns."""
+    out: dict[str, int] = {}
+    for c in columns:
+        m = _FIELD.match(str(c))
+        if m and m.group(1) != OTHER:
+            out[m.group(1)] = max(out.get(m.group(1), 0), int(m.group(2)) + 1)
+    return out
+
+
+def _modes(frame: pd.DataFrame, kid: str, modes: int, rows: np.ndarray, world: int) -> tuple[np.ndarray, ...]:
+    """``count``, ``p50``, ``p99`` ``[world, modes]`` of one kernel (NaN where absent)."""
+    out = []
+    for part in ("n", "p50", "p99"):
+        a = np.full((world, modes), np.nan)
+        for j in range(modes):
+            col = f"{kid}_m{j}_{part}"
+            if col in frame.columns:
+                a[rows, j] = pd.to_numeric(frame[col], errors="coerce").to_numpy(float)
+        out.append(a)
+    return tuple(out)
+
+
+def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, str]], topo: Topology,
+                    group_kind: str = "dp", fence: float = 5.0, min_shift: float = 0.1,
+                    min_cost_us: float = 1000.0) -> pd.DataFrame:
+    """The outlier ranks of every kernel in one window's points (one row per rank; a rank
+    outside the topology is left out). ``names``: kernel id -> (name, kind). A rank must also
+    lose ``min_cost_us`` in the window to it (shift x its events): a tiny operator that the OS
+    scheduler doubles now and then is no finding."""
+    ranks = pd.to_numeric(frame["rank"], errors="coerce").to_numpy()
+    keep = np.isfinite(ranks) & (ranks >= 0) & (ranks < topo.world)
+    frame, rows = frame[keep], ranks[keep].astype(np.int64)
+    members, gids = topo.members(group_kind), topo.group_ids(group_kind)
+    found = []
+    for kid, modes in kernel_columns(frame.columns).items():
+        count, p50, p99 = _modes(frame, kid, modes, rows, topo.world)
+        if (np.isfinite(count) & (count > 0)).any(axis=1).sum() < 3:
+            continue   # fewer than three ranks ran it: nothing to compare
+        d = kernel_distances(count, p50, p99, members, gids, fence=fence, min_shift=min_shift)
+        events = np.nansum(np.where(count > 0, count, 0.0), axis=1)
+        hit = np.flatnonzero(d.outlier & (d.shift_us * events >= min_cost_us))
+        if not hit.size:
+            continue
+        name, kind = names.get(kid, (kid, "compute"))
+        found.append(pd.DataFrame({
+            "rank": hit, "kernel": kid, "name": name, "kind": kind,
+            "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
+            "w1_us": d.w1_us[hit], "shift_us": d.shift_us[hit], "ref_median_us": d.ref_median_us[hit],
+            "ratio": (d.ref_median_us[hit] + d.shift_us[hit]) / d.ref_median_us[hit],
+            "group_type": group_kind, "group_id": gids[hit].astype(np.int64)}))
+    if not found:
+        return pd.DataFrame(columns=["rank", "kernel", "name", "kind", "host", "w1_us", "shift_us",
+                                     "ref_median_us", "ratio", "group_type", "group_id"])
+    return pd.concat(found, ignore_index=True).sort_values("w1_us", ascending=False, ignore_index=True)
