@@ -3,9 +3,10 @@
 ARGUS (arXiv 2606.20374) scores a rank by its mean W1 distance to all the other ranks: O(ranks^2),
 minutes at 10,000 ranks. Here each rank's distribution of one kernel (the log-normal mixture its
 modes describe: :mod:`rankscope.kernel_mixture`) is compared with its group's reference, the
-pointwise median of the group's CDFs on a common grid: O(ranks x grid). On durations,
+pointwise median of the group's quantile functions: O(ranks x quantiles), in closed form (no
+grid over durations, so a narrow mode is as sharp as a wide one). On the body's quantiles,
 
-    W1(r) = integral |F_r(x) - F_ref(x)| dx,   shift(r) = integral (F_ref(x) - F_r(x)) dx
+    W1(r) = mean over u <= trim of |Q_r(u) - Q_ref(u)|,   shift(r) = mean of (Q_r(u) - Q_ref(u))
 
 (``shift`` > 0: the rank is slower than its group by that many us on average). Distances are
 compared relative to the reference's median (``w1 / ref_median``), so groups and kernels of
@@ -18,13 +19,12 @@ whose ``q3`` is the outlier's own distance.
 
 Parameters
 ----------
-points: grid points (log-spaced over every rank's range) the CDFs are compared on (default 64).
+points: quantiles (evenly spaced up to ``trim``) the distributions are compared at (default 16).
 fence: how many robust sigmas above the median distance a rank is an outlier (default 5).
 min_sigma: the smallest sigma of the relative distances (default 0.02).
 min_shift: how much slower than its group's median an outlier is at least (default 0.1).
-trim: the distances are over the quantiles up to this one (default 0.9: ``min(F, trim)`` in the
-    integrals, divided by ``trim``: means over the body's quantiles): a degraded kernel moves its
-    whole distribution, while a few events stretched by the host (a preempted thread, a JIT
+trim: the distances are over the quantiles up to this one (default 0.9): a degraded kernel moves
+    its whole distribution, while a few events stretched by the host (a preempted thread, a JIT
     compile) move only its tail, and are another finding.
 
 Example::
@@ -40,17 +40,19 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.detect.group_scores import group_medians
-from rankscope.kernel_mixture import log_normal_params, mixture_cdf
+from analyzer.detect.fast_median import nanmedian
+from rankscope.kernel_mixture import mixture_quantiles
 
 
 @dataclass
 class KernelDistances:
-    """One kernel's scores over the ranks, arrays ``[R]`` (NaN: the rank has no event of it)."""
+    """Scores over the ranks, arrays ``[R]`` for one kernel or ``[K, R]`` for several (NaN: the
+    rank has no event of it)."""
 
     w1_us: np.ndarray        # W1 to the group's reference (us)
     shift_us: np.ndarray     # how much slower than the reference on average (us; < 0: faster)
@@ -58,32 +60,50 @@ class KernelDistances:
     outlier: np.ndarray      # bool: beyond the fence and slower
 
 
+#: Kernels scored in one pass: their quantiles (ranks x kernels x quantiles) stay a few MB.
+CHUNK_KERNELS = 16
+
+
 def kernel_distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, members: np.ndarray,
-                     group_ids: np.ndarray, points: int = 64, fence: float = 5.0,
+                     group_ids: np.ndarray, points: int = 16, fence: float = 5.0,
                      min_shift: float = 0.1, min_sigma: float = 0.02, trim: float = 0.9) -> KernelDistances:
-    """Distances of every rank's kernel distribution (modes ``[R, M]``, NaN-padded) to its
-    group's (``members`` ``[G, k]``, ``group_ids`` ``[R]``), and the outliers."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mu, sigma = log_normal_params(p50, p99)
-    seen = np.isfinite(mu) & np.isfinite(sigma) & np.isfinite(count) & (count > 0)
-    if not seen.any():
-        raise ValueError("no rank has a mode of this kernel")
-    lo, hi = (mu - 5 * sigma)[seen].min(), (mu + 5 * sigma)[seen].max()
-    grid = np.linspace(lo, hi, points)
-    cdf = mixture_cdf(count, p50, p99, grid)                     # [R, X]
-    ref = group_medians(cdf, members)[group_ids]                 # [R, X]
-    x = np.exp(grid)
-    dx = np.diff(x)
-    ref_med = x[np.clip((ref < 0.5).sum(axis=1), 0, points - 1)]
-    diff = np.minimum(ref, trim) - np.minimum(cdf, trim)         # the body: quantiles up to trim
-    mid = 0.5 * (diff[:, 1:] + diff[:, :-1])
-    w1 = (np.abs(mid) * dx).sum(axis=1) / trim      # means over the body's quantiles
-    shift = (mid * dx).sum(axis=1) / trim
-    missing = np.isnan(cdf).all(axis=1)
-    w1[missing], shift[missing] = np.nan, np.nan
-    with np.errstate(invalid="ignore", divide="ignore"):
+    """Distances of every rank's kernel distribution (modes ``[R, M]``, NaN-padded; or ``[K, R, M]``
+    for K kernels) to its group's (``members`` ``[G, k]``, every rank in one group), and the
+    outliers. ``group_ids`` ``[R]`` is the group of each rank (kept for callers; ``members``
+    says it all)."""
+    one = count.ndim == 2
+    if one:
+        count, p50, p99 = count[None], p50[None], p99[None]
+    u = np.r_[(np.arange(points) + 0.5) / points * trim, 0.5]   # the body's quantiles, and the median
+    parts = [_distances(count[i:i + CHUNK_KERNELS], p50[i:i + CHUNK_KERNELS], p99[i:i + CHUNK_KERNELS],
+                        members, u) for i in range(0, len(count), CHUNK_KERNELS)]
+    w1, shift, ref_med = (np.concatenate([p[j] for p in parts]) for j in range(3))   # [K, R]
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         rel = w1 / ref_med
-        center = np.nanmedian(rel)
-        sigma = max(1.4826 * float(np.nanmedian(np.abs(rel - center))), min_sigma)
+        center = np.nanmedian(rel, axis=1, keepdims=True)
+        sigma = np.maximum(1.4826 * np.nanmedian(np.abs(rel - center), axis=1, keepdims=True), min_sigma)
         outlier = (rel > center + fence * sigma) & (shift >= min_shift * ref_med)
-    return KernelDistances(w1, shift, ref_med, outlier)
+    out = (w1, shift, ref_med, outlier)
+    return KernelDistances(*(a[0] for a in out)) if one else KernelDistances(*out)
+
+
+def _distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, members: np.ndarray,
+               u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """W1, shift and the reference's median ``[K, R]`` of a few kernels (``[K, R, M]``), laid out
+    rank-major so that a group's members are contiguous blocks."""
+    k, r, m = count.shape
+    rk = lambda a: np.ascontiguousarray(a.transpose(1, 0, 2)).reshape(r * k, m)   # noqa: E731
+    q = mixture_quantiles(rk(count), rk(p50), rk(p99), u).reshape(r, k, len(u))
+    if np.isnan(q).all(axis=(0, 2)).any():
+        raise ValueError("no rank has a mode of this kernel")
+    qg = q[members]                                              # [G, size, K, U + 1]
+    ref = nanmedian(qg, axis=1)                                  # [G, K, U + 1]
+    diff = qg[..., :-1] - ref[:, None, :, :-1]
+    w1, shift = np.full((3, r, k), np.nan)[:2]
+    ref_med = np.full((r, k), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        w1[members], shift[members] = np.abs(diff).mean(axis=3), diff.mean(axis=3)
+    ref_med[members] = np.broadcast_to(ref[:, None, :, -1], qg.shape[:3])
+    return w1.T, shift.T, ref_med.T

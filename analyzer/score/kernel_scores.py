@@ -46,15 +46,17 @@ def kernel_columns(columns) -> dict[str, int]:
     return out
 
 
-def _modes(frame: pd.DataFrame, kid: str, modes: int, rows: np.ndarray, world: int) -> tuple[np.ndarray, ...]:
-    """``count``, ``p50``, ``p99`` ``[world, modes]`` of one kernel (NaN where absent)."""
+def _modes(frame: pd.DataFrame, kernels: dict[str, int], rows: np.ndarray, world: int) -> tuple[np.ndarray, ...]:
+    """``count``, ``p50``, ``p99`` ``[K, world, M]`` of the kernels (NaN where absent)."""
+    m = max(kernels.values())
     out = []
     for part in ("n", "p50", "p99"):
-        a = np.full((world, modes), np.nan)
-        for j in range(modes):
-            col = f"{kid}_m{j}_{part}"
-            if col in frame.columns:
-                a[rows, j] = pd.to_numeric(frame[col], errors="coerce").to_numpy(float)
+        a = np.full((len(kernels), world, m), np.nan)
+        for i, (kid, modes) in enumerate(kernels.items()):
+            for j in range(modes):
+                col = f"{kid}_m{j}_{part}"
+                if col in frame.columns:
+                    a[i, rows, j] = pd.to_numeric(frame[col], errors="coerce").to_numpy(float)
         out.append(a)
     return tuple(out)
 
@@ -65,29 +67,35 @@ def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, str]], topo
     """The outlier ranks of every kernel in one window's points (one row per rank; a rank
     outside the topology is left out). ``names``: kernel id -> (name, kind). A rank must also
     lose ``min_cost_us`` in the window to it (shift x its events): a tiny operator that the OS
-    scheduler doubles now and then is no finding."""
+    scheduler doubles now and then is no finding. Kernels that fewer than three ranks ran are
+    not scored (nothing to compare)."""
     ranks = pd.to_numeric(frame["rank"], errors="coerce").to_numpy()
     keep = np.isfinite(ranks) & (ranks >= 0) & (ranks < topo.world)
     frame, rows = frame[keep], ranks[keep].astype(np.int64)
-    members, gids = topo.members(group_kind), topo.group_ids(group_kind)
-    found = []
-    for kid, modes in kernel_columns(frame.columns).items():
-        count, p50, p99 = _modes(frame, kid, modes, rows, topo.world)
-        if (np.isfinite(count) & (count > 0)).any(axis=1).sum() < 3:
-            continue   # fewer than three ranks ran it: nothing to compare
-        d = kernel_distances(count, p50, p99, members, gids, fence=fence, min_shift=min_shift)
-        events = np.nansum(np.where(count > 0, count, 0.0), axis=1)
-        hit = np.flatnonzero(d.outlier & (d.shift_us * events >= min_cost_us))
-        if not hit.size:
-            continue
-        name, kind = names.get(kid, (kid, "compute"))
-        found.append(pd.DataFrame({
-            "rank": hit, "kernel": kid, "name": name, "kind": kind,
-            "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
-            "w1_us": d.w1_us[hit], "shift_us": d.shift_us[hit], "ref_median_us": d.ref_median_us[hit],
-            "ratio": (d.ref_median_us[hit] + d.shift_us[hit]) / d.ref_median_us[hit],
-            "group_type": group_kind, "group_id": gids[hit].astype(np.int64)}))
-    if not found:
-        return pd.DataFrame(columns=["rank", "kernel", "name", "kind", "host", "w1_us", "shift_us",
-                                     "ref_median_us", "ratio", "group_type", "group_id"])
-    return pd.concat(found, ignore_index=True).sort_values("w1_us", ascending=False, ignore_index=True)
+    kernels = kernel_columns(frame.columns)
+    if not kernels:
+        return _empty()
+    count, p50, p99 = _modes(frame, kernels, rows, topo.world)
+    ran = (np.isfinite(count) & (count > 0)).any(axis=2).sum(axis=1) >= 3
+    if not ran.any():
+        return _empty()
+    count, p50, p99, ids = count[ran], p50[ran], p99[ran], np.array(list(kernels))[ran]
+    gids = topo.group_ids(group_kind)
+    d = kernel_distances(count, p50, p99, topo.members(group_kind), gids, fence=fence, min_shift=min_shift)
+    events = np.nansum(np.where(count > 0, count, 0.0), axis=2)
+    ki, hit = np.nonzero(d.outlier & (d.shift_us * events >= min_cost_us))
+    if not hit.size:
+        return _empty()
+    info = [names.get(str(kid), (str(kid), "compute")) for kid in ids[ki]]
+    ref = d.ref_median_us[ki, hit]
+    return pd.DataFrame({
+        "rank": hit, "kernel": ids[ki], "name": [n for n, _ in info], "kind": [k for _, k in info],
+        "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
+        "w1_us": d.w1_us[ki, hit], "shift_us": d.shift_us[ki, hit], "ref_median_us": ref,
+        "ratio": (ref + d.shift_us[ki, hit]) / ref, "group_type": group_kind,
+        "group_id": gids[hit].astype(np.int64)}).sort_values("w1_us", ascending=False, ignore_index=True)
+
+
+def _empty() -> pd.DataFrame:
+    return pd.DataFrame(columns=["rank", "kernel", "name", "kind", "host", "w1_us", "shift_us",
+                                 "ref_median_us", "ratio", "group_type", "group_id"])
