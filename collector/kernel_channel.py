@@ -23,15 +23,13 @@ Example::
     >>> events = [("aten::mm", float(d)) for d in rng.lognormal(np.log(120), 0.05, 50)]
     >>> ch = KernelChannel({"job": "j", "rank": 0}, top_k=4)
     >>> point, names = ch.window(7, 1_000, events)
-    >>> kid = kernel_id("aten::mm")
+    >>> kid = kernel_id("aten::mm")   # rankscope.kernel_names
     >>> point[f"{kid}_m0_n"], round(point[f"{kid}_m0_p50"], -1), names[0]["name"], names[0]["kind"]
     (50.0, 120.0, 'aten::mm', 'compute')
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -41,25 +39,7 @@ import pandas as pd
 
 from collector.kernel_modes import compress
 from rankscope import schema
-
-#: Characters of a kernel's name kept in ``kernel_name``.
-MAX_NAME = 512
-#: ``kernel_name`` points are stamped at the hour: all ranks' names of a kernel are one point.
-HOUR_MS = 3_600_000
-#: The pooled kernels' id.
-OTHER = "other"
-_COMM = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|nccl|gloo|c10d|"
-                   r"send|recv", re.IGNORECASE)
-
-
-def kernel_id(name: str) -> str:
-    """The field prefix of a kernel: ``k`` and 10 hex digits of its name's BLAKE2b hash."""
-    return "k" + hashlib.blake2b(name.encode("utf-8", "replace"), digest_size=5).hexdigest()
-
-
-def kernel_kind(name: str) -> str:
-    """``comm`` for a collective or point-to-point transfer, else ``compute``."""
-    return "comm" if _COMM.search(name) else "compute"
+from rankscope.kernel_names import HOUR_MS, MAX_NAME, OTHER, kernel_id, kernel_kind
 
 
 class KernelChannel:
@@ -98,7 +78,7 @@ class KernelChannel:
             if kid not in self._named:
                 self._named.add(kid)
                 names.append({"time": int(time_ms) // HOUR_MS * HOUR_MS, "job": self.tags.get("job"), "kernel": kid,
-                              "name": name[:MAX_NAME], "kind": kernel_kind(name)})
+                              "name": name[:MAX_NAME], "kind": kernel_kind(name), "group": ""})
         rest = frame["us"].to_numpy(float)[~frame["name"].isin(top).to_numpy()]
         if rest.size:
             self._fields(point, OTHER, rest)

@@ -271,16 +271,18 @@ MEASUREMENTS: dict[str, Measurement] = {
         "time = the window's end",
     ),
     KERNEL_NAME: Measurement(
-        KERNEL_NAME, ("job", "kernel"), {"name": "str", "kind": "str"},
-        "a kernel id's name (cut to 512 characters) and kind (compute|comm); time = first seen",
+        KERNEL_NAME, ("job", "kernel"), {"name": "str", "kind": "str", "group": "str"},
+        "a kernel id's name (cut to 512 characters), kind (compute|comm) and, where known, the group kind "
+        "of its collective (tp|dp|ep|pipeline; empty: unknown, taken as dp); time = the hour first seen",
     ),
     L3_KERNEL: Measurement(
-        L3_KERNEL, ("job", "rank", "kernel"),
-        {"name": "str", "kind": "str", "host": "str", "w1_us": "float", "shift_us": "float",
+        L3_KERNEL, ("job", "rank", "kernel", "host"),
+        {"name": "str", "kind": "str", "cause": "str", "w1_us": "float", "shift_us": "float",
          "ref_median_us": "float", "ratio": "float", "group_type": "str", "group_id": "int",
          "iteration": "int", "windows": "int", "confirmed": "int"},
-        "ranks whose kernel distribution stands out of their group's (L3); windows: in a row, confirmed: "
-        "1 from 2 windows in a row; time = the window's end",
+        "ranks whose kernel distribution stands out of their group's (L3); cause: own (compute), link (a "
+        "collective slow on all its members) or wait (some members: they waited for a late peer); windows: "
+        "in a row, confirmed: 1 from 2 windows in a row (never for wait); time = the window's end",
     ),
     L2_KIND: Measurement(
         L2_KIND, ("job", "group_type", "stage"),

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from analyzer.score.kernel_scores import kernel_columns, kernel_findings
-from collector.kernel_channel import MAX_NAME, OTHER, KernelChannel, kernel_id, kernel_kind
+from collector.kernel_channel import KernelChannel
 from rankscope import schema
+from rankscope.kernel_names import MAX_NAME, OTHER, kernel_id, kernel_kind
 from rankscope.topology import Topology
 
 

@@ -29,11 +29,10 @@ import numpy as np
 import pandas as pd
 
 from analyzer.score.kernel_distance import kernel_distances
+from rankscope.kernel_names import OTHER
 from rankscope.topology import Topology
 
 _FIELD = re.compile(r"^(k[0-9a-f]{10}|k[0-9a-z]+)_m(\d+)_(n|p50|p99)$")
-#: The pooled kernels' id (:data:`collector.kernel_channel.OTHER`): not scored.
-OTHER = "other"
 
 
 def kernel_columns(columns) -> dict[str, int]:
@@ -61,41 +60,67 @@ def _modes(frame: pd.DataFrame, kernels: dict[str, int], rows: np.ndarray, world
     return tuple(out)
 
 
-def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, str]], topo: Topology,
+#: Share of a collective's group that must stand out together for the collective itself (its
+#: link) to be slow; fewer are members that waited for a late peer.
+LINK_SHARE = 0.75
+COLUMNS = ["rank", "kernel", "name", "kind", "cause", "host", "w1_us", "shift_us", "ref_median_us", "ratio",
+           "group_type", "group_id"]
+
+
+def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, ...]], topo: Topology,
                     group_kind: str = "dp", fence: float = 5.0, min_shift: float = 0.1,
                     min_cost_us: float = 1000.0) -> pd.DataFrame:
     """The outlier ranks of every kernel in one window's points (one row per rank; a rank
-    outside the topology is left out). ``names``: kernel id -> (name, kind). A rank must also
-    lose ``min_cost_us`` in the window to it (shift x its events): a tiny operator that the OS
-    scheduler doubles now and then is no finding. Kernels that fewer than three ranks ran are
-    not scored (nothing to compare)."""
+    outside the topology is left out). ``names``: kernel id -> (name, kind[, collective group
+    kind]). A rank must also lose ``min_cost_us`` in the window to it (shift x its events): a
+    tiny operator that the OS scheduler doubles now and then is no finding. Kernels that fewer
+    than three ranks ran are not scored (nothing to compare). ``cause``: see :func:`causes`."""
     ranks = pd.to_numeric(frame["rank"], errors="coerce").to_numpy()
     keep = np.isfinite(ranks) & (ranks >= 0) & (ranks < topo.world)
     frame, rows = frame[keep], ranks[keep].astype(np.int64)
     kernels = kernel_columns(frame.columns)
     if not kernels:
-        return _empty()
+        return pd.DataFrame(columns=COLUMNS)
     count, p50, p99 = _modes(frame, kernels, rows, topo.world)
     ran = (np.isfinite(count) & (count > 0)).any(axis=2).sum(axis=1) >= 3
     if not ran.any():
-        return _empty()
+        return pd.DataFrame(columns=COLUMNS)
     count, p50, p99, ids = count[ran], p50[ran], p99[ran], np.array(list(kernels))[ran]
     gids = topo.group_ids(group_kind)
     d = kernel_distances(count, p50, p99, topo.members(group_kind), gids, fence=fence, min_shift=min_shift)
     events = np.nansum(np.where(count > 0, count, 0.0), axis=2)
-    ki, hit = np.nonzero(d.outlier & (d.shift_us * events >= min_cost_us))
+    hits = d.outlier & (d.shift_us * events >= min_cost_us)
+    ki, hit = np.nonzero(hits)
     if not hit.size:
-        return _empty()
-    info = [names.get(str(kid), (str(kid), "compute")) for kid in ids[ki]]
+        return pd.DataFrame(columns=COLUMNS)
+    info = [tuple(names.get(str(kid), (str(kid), "compute"))) + ("",) for kid in ids[ki]]
     ref = d.ref_median_us[ki, hit]
     return pd.DataFrame({
-        "rank": hit, "kernel": ids[ki], "name": [n for n, _ in info], "kind": [k for _, k in info],
+        "rank": hit, "kernel": ids[ki], "name": [i[0] for i in info], "kind": [i[1] for i in info],
+        "cause": causes(hits, ki, hit, [i[1] for i in info], [i[2] or group_kind for i in info], topo),
         "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
         "w1_us": d.w1_us[ki, hit], "shift_us": d.shift_us[ki, hit], "ref_median_us": ref,
         "ratio": (ref + d.shift_us[ki, hit]) / ref, "group_type": group_kind,
         "group_id": gids[hit].astype(np.int64)}).sort_values("w1_us", ascending=False, ignore_index=True)
 
 
-def _empty() -> pd.DataFrame:
-    return pd.DataFrame(columns=["rank", "kernel", "name", "kind", "host", "w1_us", "shift_us",
-                                 "ref_median_us", "ratio", "group_type", "group_id"])
+def causes(hits: np.ndarray, ki: np.ndarray, hit: np.ndarray, kinds: list[str], collective: list[str],
+           topo: Topology) -> list[str]:
+    """Whether each finding's slowness is the kernel's own: ``own`` for compute; for a collective,
+    the arrival rule: its members all end together, so if (nearly) all of the collective's group
+    stand out together, the collective itself is slow (``link``: no one waited), and if only some
+    do, they waited for a late peer (``wait``: victims, not culprits)."""
+    groups: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    out = []
+    for k, r, kind, coll in zip(ki, hit, kinds, collective, strict=True):
+        if kind != "comm":
+            out.append("own")
+            continue
+        if coll not in groups:
+            try:
+                groups[coll] = topo.members(coll), topo.group_ids(coll)
+            except ValueError:   # a group kind the topology does not know: the data-parallel one
+                groups[coll] = topo.members("dp"), topo.group_ids("dp")
+        members, gids = groups[coll]
+        out.append("link" if hits[k, members[gids[r]]].mean() >= LINK_SHARE else "wait")
+    return out

@@ -224,7 +224,7 @@ class AnalyzerService:
             report.iterations[job] = report.iterations.get(job, 0) + out.iterations
             report.changepoints += len(out.changepoints)
             report.incidents += list(out.incidents.values())
-        self.kernels.run(job, ja.topo, final)
+        self.kernels.run(job, ja.topo, final, self.readers.get(job))
         report.write_s += time.perf_counter() - t0
 
     def _feed(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs,

@@ -3,8 +3,9 @@
 It runs every cycle beside L1 and L2, also when they see nothing (a collective slowed but hidden
 by overlap leaves the iteration time flat). A window is scored once all of it is in: when a
 later window of the job has begun (a ``final`` cycle scores the last one too). Its findings are
-``l3_kernel`` points, keyed by the window's time, rank and kernel: a window scored again (after a
-restart, which starts from the job's last ``RESUME_WINDOWS`` windows) writes the same points.
+``l3_kernel`` points, keyed by the window's time, rank and kernel: a window scored again writes
+the same points. A fresh analyzer scores the windows of the stretch its reader replays (from the
+predecessor's last ``history`` iterations; a job never analyzed, from its first window).
 
 A finding carries ``windows``, how many windows in a row (of those this analyzer scored) the
 rank stood out in that kernel, and ``confirmed`` (1 from ``PERSIST`` windows on): one window
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pandas as pd
 
 from analyzer.score.kernel_scores import kernel_columns, kernel_findings
@@ -24,8 +26,8 @@ from rankscope.topology import Topology
 
 log = logging.getLogger(__name__)
 
-#: Windows of a job a fresh analyzer scores again (their points are rewritten, not doubled).
-RESUME_WINDOWS = 2
+#: How far before a replay's start a window's points are read (the ranks stamp their own clocks).
+SKEW_MS = 60_000
 #: Windows in a row a rank must stand out in a kernel for the finding to be confirmed.
 PERSIST = 2
 IT = schema.ITERATION_FIELD
@@ -38,23 +40,28 @@ class KernelCycle:
     def __init__(self, store: Store):
         self.store = store
         self.done: dict[str, tuple[int, int]] = {}      # job -> (time_ms, iteration) of the newest scored
-        self.names: dict[str, dict[str, tuple[str, str]]] = {}
+        self.names: dict[str, dict[str, tuple[str, str, str]]] = {}
         # job -> (rank, kernel) -> (the window's number, windows in a row); job -> windows scored
         self.streaks: dict[str, dict[tuple[int, str], tuple[int, int]]] = {}
         self.windows: dict[str, int] = {}
 
-    def run(self, job: str, topo: Topology, final: bool = False) -> int:
+    def run(self, job: str, topo: Topology, final: bool = False, reader: object = None) -> int:
         """Score the job's complete windows not scored yet; how many findings were written.
+        ``reader``: the job's stage reader (a fresh analyzer starts where its replay starts).
         A failure is logged and tried again next cycle: L3 never holds up L1 and L2."""
+        since = getattr(getattr(reader, "replay", None), "cursor_ms", None)
         try:
-            return self._run(job, topo, final)
+            return self._run(job, topo, final, since, getattr(reader, "read_until", None))
         except Exception as exc:  # noqa: BLE001 - logged; the window is scored next cycle
             log.error("job %s: kernel analysis (L3) failed: %s: %s", job, type(exc).__name__, exc)
             return 0
 
-    def _run(self, job: str, topo: Topology, final: bool) -> int:
-        frame = self._read(job)
+    def _run(self, job: str, topo: Topology, final: bool, since_ms: int | None, until_ms: int | None) -> int:
+        frame = self._read(job, since_ms)
         if not len(frame) or IT not in frame.columns:
+            if until_ms is not None:   # none so far: the next read starts near the stage reader's
+                self.done[job] = (max(self.done.get(job, (0, -1))[0], int(until_ms) - SKEW_MS),
+                                  self.done.get(job, (0, -1))[1])
             return 0
         its = pd.to_numeric(frame[IT], errors="coerce")
         frame = frame[its.notna()].assign(**{IT: its[its.notna()].astype("int64")})
@@ -86,25 +93,24 @@ class KernelCycle:
             runs.append(held[key][1])
         for key in [k for k, (seen, _) in held.items() if seen < n]:
             del held[key]
-        return found.assign(windows=runs, confirmed=[int(r >= PERSIST) for r in runs])
+        own = (found["cause"] != "wait").to_numpy() if len(found) else np.zeros(0, dtype=bool)
+        return found.assign(windows=runs, confirmed=(np.asarray(runs) >= PERSIST) & own).astype({"confirmed": int})
 
-    def _read(self, job: str) -> pd.DataFrame:
+    def _read(self, job: str, since_ms: int | None) -> pd.DataFrame:
         if job in self.done:
             start = self.done[job][0]
         else:
-            times = self.store.latest_times(schema.KERNEL_STATS, job, RESUME_WINDOWS + 1)
-            if not times:
-                return pd.DataFrame()
-            start = times[-1] - 60_000   # the other ranks' points of that window: their own clocks
+            start = None if since_ms is None else since_ms - SKEW_MS
         return self.store.read(schema.KERNEL_STATS, job, start_ms=start)
 
-    def _names(self, job: str, needed: set[str]) -> dict[str, tuple[str, str]]:
+    def _names(self, job: str, needed: set[str]) -> dict[str, tuple[str, str, str]]:
         """The names of the job's kernels, read again only when one is not known yet."""
         names = self.names.setdefault(job, {})
         if needed <= names.keys():
             return names
         stored = self.store.read(schema.KERNEL_NAME, job)
         if len(stored):
-            for row in stored[["kernel", "name", "kind"]].itertuples(index=False):
-                names[str(row.kernel)] = (str(row.name), str(row.kind))
+            group = stored["group"].fillna("").astype(str) if "group" in stored.columns else pd.Series("", stored.index)
+            for kid, name, kind, coll in zip(stored["kernel"], stored["name"], stored["kind"], group, strict=True):
+                names[str(kid)] = (str(name), str(kind), coll)
         return names

@@ -1,0 +1,36 @@
+"""How a kernel is named in the database: a short id from its name, its kind, and its name once.
+
+Kernel names are many and long (a templated CUDA kernel's runs to thousands of characters), so a
+kernel is stored as a field prefix ``k`` + 10 hex digits of the BLAKE2b hash of its name (never a
+tag: the series stay one per rank) and its name once, in ``kernel_name``, stamped at the hour so
+that every rank's copy of it is one point.
+
+Example::
+
+    >>> kernel_id("aten::mm"), kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    ('k0d1674e042', 'comm')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+#: Characters of a kernel's name kept in ``kernel_name``.
+MAX_NAME = 512
+#: ``kernel_name`` points are stamped at the hour: all ranks' names of a kernel are one point.
+HOUR_MS = 3_600_000
+#: The id of the kernels pooled past the top K of a window.
+OTHER = "other"
+_COMM = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|nccl|gloo|c10d|"
+                   r"send|recv", re.IGNORECASE)
+
+
+def kernel_id(name: str) -> str:
+    """The field prefix of a kernel: ``k`` and 10 hex digits of its name's BLAKE2b hash."""
+    return "k" + hashlib.blake2b(name.encode("utf-8", "replace"), digest_size=5).hexdigest()
+
+
+def kernel_kind(name: str) -> str:
+    """``comm`` for a collective or point-to-point transfer, else ``compute``."""
+    return "comm" if _COMM.search(name) else "compute"
