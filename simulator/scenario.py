@@ -5,10 +5,12 @@ A scenario is a TOML file (the built-ins ship in ``simulator/scenarios/``)::
     description = "what this scenario shows"   # optional
     [topology]            # as rankscope.topology.Topology: tp, pp, dp, ep, gpus_per_node, order,
                           # host_pattern (default "gpu-node-{node:05d}")
-    [run]                 # job, iterations, seed
+    [run]                 # job, iterations, seed, kernel_every (0: no kernel windows)
     [model]               # optional: ModelParams overrides (microbatches, mlp_ms, ...)
     [[fault]]             # kind, ranks | node | pp, stage, factor, start, end, every, repeats
     [[event]]             # name, at, node | rank, severity, source, text
+    [[kernel_fault]]      # ranks | node | pp, stage, factor, start, end: one kernel slow, its
+                          # stage time unchanged (simulator/kernel_windows.py)
 
 Everything is validated when the scenario is built: unknown keys, bad rank
 ranges, ranks or nodes outside the topology, unknown or unfitting stages are
@@ -27,6 +29,7 @@ from typing import Any
 from rankscope.schema import DEFAULT_STAGES, StageSet
 from rankscope.topology import Topology
 from simulator.faults import FAULT_KINDS, TRANSIENT_DEFAULT_LENGTH, EventSpec, Fault
+from simulator.kernel_windows import KernelFault
 from simulator.scenario_parser import (
     DEFAULT_HOST_PATTERN,
     ScenarioError,
@@ -55,11 +58,16 @@ class Scenario:
     name: str = ""
     description: str = ""
     model: dict[str, Any] = field(default_factory=dict)
+    kernel_every: int = 0   # > 0: a kernel_stats window every this many iterations (kernel_windows.py)
+    kernel_faults: list[KernelFault] = field(default_factory=list)
 
     def with_overrides(self, iterations: int | None = None, seed: int | None = None,
-                       job: str | None = None) -> Scenario:
-        """A copy with another run length, seed or job name (faults and events unchanged)."""
+                       job: str | None = None, kernel_every: int | None = None) -> Scenario:
+        """A copy with another run length, seed, job name or kernel window period (faults and
+        events unchanged)."""
         changes: dict[str, Any] = {}
+        if kernel_every is not None:
+            changes["kernel_every"] = nonnegative_int(kernel_every, "kernel_every")
         if iterations is not None:
             changes["iterations"] = positive_int(iterations, "iterations")
         if seed is not None:

@@ -12,13 +12,15 @@ import numpy as np
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, TopologyError, parse_ranks
 from simulator.faults import FAULT_KINDS, TRANSIENT_DEFAULT_LENGTH, EventSpec, Fault
+from simulator.kernel_windows import KernelFault
 from simulator.model_params import ModelParams
 
 #: Host names of simulated nodes unless ``[topology] host_pattern`` says otherwise.
 DEFAULT_HOST_PATTERN = "gpu-node-{node:05d}"
 
-_TOP_KEYS = {"description", "topology", "run", "model", "fault", "event"}
-_RUN_KEYS = {"job", "iterations", "seed"}
+_TOP_KEYS = {"description", "topology", "run", "model", "fault", "event", "kernel_fault"}
+_RUN_KEYS = {"job", "iterations", "seed", "kernel_every"}
+_KERNEL_FAULT_KEYS = {"ranks", "node", "pp", "stage", "factor", "start", "end"}
 _FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats"}
 _EVENT_KEYS = {"name", "at", "node", "rank", "severity", "source", "text"}
 
@@ -117,6 +119,8 @@ class ScenarioParser:
         job = self.guard(("run", "job"), job_name, run.get("job", name or "sim"), "job")
         iterations = self.guard(("run", "iterations"), positive_int, run.get("iterations", 60), "iterations")
         seed = self.guard(("run", "seed"), nonnegative_int, run.get("seed", 0), "seed")
+        kernel_every = self.guard(("run", "kernel_every"), nonnegative_int, run.get("kernel_every", 0),
+                                  "kernel_every")
         description = data.get("description", "")
         if not isinstance(description, str):
             raise self.fail(("description",), "must be a string")
@@ -128,8 +132,27 @@ class ScenarioParser:
             topology=topology, job=job, iterations=iterations, seed=seed,
             faults=[self.fault(f, i, topology) for i, f in enumerate(faults)],
             events=[self.event(e, i, topology) for i, e in enumerate(events)],
-            name=name, description=description, model=dict(model),
+            name=name, description=description, model=dict(model), kernel_every=kernel_every,
+            kernel_faults=[self.kernel_fault(f, i, topology)
+                           for i, f in enumerate(self.list_of(data.get("kernel_fault", []), "kernel_fault"))],
         )
+
+    def kernel_fault(self, data: Any, i: int, topo: Topology) -> KernelFault:
+        """One ``[[kernel_fault]]``: a device stage's kernel slowed, its stage time unchanged."""
+        p = ("kernel_fault", i)
+        d = self.table(data, p, _KERNEL_FAULT_KEYS)
+        ranks = self.selector(d, p, topo, "kernel_fault")
+        stage = d.get("stage")
+        if not isinstance(stage, str) or stage not in self.stages or self.stages[stage].kind == "host":
+            raise self.fail((*p, "stage"), f"must name a compute or comm stage, got {stage!r}")
+        factor = d.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not np.isfinite(factor) or factor <= 0:
+            raise self.fail((*p, "factor"), f"must be a positive number, got {factor!r}")
+        start = self.guard((*p, "start"), nonnegative_int, d.get("start", 0), "start")
+        end = None if d.get("end") is None else self.guard((*p, "end"), nonnegative_int, d["end"], "end")
+        if end is not None and end <= start:
+            raise self.fail((*p, "end"), f"end ({end}) must be after start ({start})")
+        return KernelFault(ranks=ranks, stage=stage, factor=float(factor), start=start, end=end)
 
     def list_of(self, value: Any, key: str) -> list[Any]:
         if isinstance(value, dict):

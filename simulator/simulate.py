@@ -8,6 +8,7 @@ writer thread posts iteration i while the model computes iteration i+1.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,7 @@ from rankscope.store import Store
 from rankscope.topology import Topology
 from simulator.cluster import ClusterSimulator
 from simulator.faults import EventSpec
+from simulator.kernel_windows import WINDOW, kernel_frame
 from simulator.scenario import Scenario
 from simulator.truth import Truth, truth_file_name
 
@@ -110,6 +112,13 @@ class _Writer:
     def post_iteration(self, frame: pd.DataFrame) -> None:
         self.pending.append(self.pool.submit(lambda: self.store.write_stage_latency(frame).written))
 
+    def post_kernels(self, stats: pd.DataFrame, names: pd.DataFrame) -> None:
+        def write() -> int:
+            self.store.write_measurement(schema.KERNEL_NAME, names)
+            self.store.write_measurement(schema.KERNEL_STATS, stats)
+            return 0  # not stage_latency points
+        self.pending.append(self.pool.submit(write))
+
     def post_events(self, frame: pd.DataFrame) -> None:
         def write() -> int:
             self.store.write_measurement(schema.EVENT, frame)
@@ -128,6 +137,7 @@ def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0:
     events_at: dict[int, list[EventSpec]] = {}
     for ev in scenario.events:
         events_at.setdefault(ev.at, []).append(ev)
+    recent: deque[np.ndarray] = deque(maxlen=WINDOW)   # the last iterations' values, for kernel windows
     for _ in range(scenario.iterations):
         res = sim.step()
         stamp = res.time_ms
@@ -139,6 +149,11 @@ def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0:
         writer.drain()
         if frame is not None:
             writer.post_iteration(frame)
+        recent.append(res.values)
+        if frame is not None and scenario.kernel_every and (res.iteration + 1) % scenario.kernel_every == 0:
+            tags = frame[[c for c in schema.RANK_TAGS if c in frame.columns]]
+            writer.post_kernels(*kernel_frame(tags, np.stack(recent), res.iteration, stamp, sim.stages,
+                                              scenario.kernel_faults))
         if res.iteration in events_at:
             writer.post_events(events_frame(scenario.job, events_at[res.iteration], stamp, scenario.topology))
         truth.times_ms.append(stamp)

@@ -48,6 +48,8 @@ from simulator.truth import Truth
 TOPOLOGY = Topology(tp=1, pp=9, dp=1440, ep=32, gpus_per_node=8, host_pattern="gpu-node-{node:05d}")
 ITERATIONS = 40
 ONSET = 20
+#: A kernel window every this many iterations (L3): two after the fault (iteration 30), confirmed.
+KERNEL_EVERY = 5
 CULPRITS = np.arange(10352, 10360)
 STEP_MS = 60_000
 #: Iterations generated and written at once (a multiple of the L2 window).
@@ -77,7 +79,7 @@ def fill(url: str) -> IncidentData:
     start_ms = (int(time.time() * 1000) - 3 * 3600_000) // 60_000 * 60_000
     truth_path = Path(tempfile.mkdtemp(prefix="il0477_truth_")) / "il-0477.truth.json"
     try:
-        truth = simulate(load_scenario("il-0477").with_overrides(iterations=ITERATIONS), store,
+        truth = simulate(load_scenario("il-0477").with_overrides(iterations=ITERATIONS, kernel_every=KERNEL_EVERY), store,
                          start_ms=start_ms, truth_path=truth_path, progress=False)
         jobs = store.jobs()
         if len(jobs) != 1:

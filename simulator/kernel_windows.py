@@ -1,0 +1,81 @@
+"""Kernel windows as the kernel channel writes them (``kernel_stats``), made from the simulated run.
+
+Every stage that runs on the device (compute and comm, not host) is one kernel launched
+``LAUNCHES`` times an iteration: a compute stage ``<stage>_gemm``, a collective ``nccl:<stage>``.
+A window of the last ``WINDOW`` iterations before every ``kernel_every``-th becomes one mode per
+rank and kernel: count = launches, p50 = the median over the window of the stage's time /
+launches, p99 = the largest such time widened by the kernels' own spread (``SPREAD``, log-normal).
+So a fault in the stages shows in the kernels too, as it does on a GPU.
+
+A :class:`KernelFault` slows one kernel of some ranks *without* changing their stage times:
+the collective of one group degrading while compute overlaps it, the case ARGUS found only at
+the kernel level (its PCIe fault: iteration time flat, AllReduce 100x apart from the other
+groups). ``[[kernel_fault]]`` in a scenario: ``ranks``/``node``/``pp``, ``stage``, ``factor``,
+``start``, optional ``end``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from rankscope import schema
+from rankscope.kernel_mixture import Z99
+from rankscope.kernel_names import HOUR_MS, kernel_id
+from rankscope.schema import StageSet
+
+LAUNCHES = 8
+WINDOW = 2
+SPREAD = 0.03
+
+
+@dataclass(frozen=True)
+class KernelFault:
+    """One kernel (that of ``stage``) of ``ranks`` ``factor`` x slower from ``start`` (to ``end``),
+    the ranks' stage times unchanged (hidden by overlap)."""
+
+    ranks: np.ndarray
+    stage: str
+    factor: float
+    start: int
+    end: int | None = None
+
+    def active(self, iteration: int) -> bool:
+        return iteration >= self.start and (self.end is None or iteration < self.end)
+
+
+def kernel_names(stages: StageSet) -> dict[str, tuple[str, str, str]]:
+    """Stage -> (kernel name, kind, the collective's group kind or "") of the device stages."""
+    return {s.name: (f"nccl:{s.name}" if s.kind == "comm" else f"{s.name}_gemm", s.kind, s.group or "")
+            for s in stages.stages if s.kind != "host"}
+
+
+def kernel_frame(tags: pd.DataFrame, values: np.ndarray, iteration: int, time_ms: int, stages: StageSet,
+                 faults: list[KernelFault]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``kernel_stats`` points of one window (``values`` ``[T, R, S]`` ms of its iterations,
+    ``tags`` the ``stage_latency`` tag columns of its ranks, one row per rank of ``R`` that
+    reported) and the ``kernel_name`` points."""
+    ranks = tags["rank"].to_numpy(np.int64)
+    out = {"time": np.full(len(ranks), int(time_ms)), **{c: tags[c].to_numpy() for c in tags.columns},
+           schema.ITERATION_FIELD: int(iteration), "events": 0}
+    names = []
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # a rank that reported none of the window
+        for stage, (name, kind, group) in kernel_names(stages).items():
+            per = values[:, ranks, stages.index(stage)] * (1000.0 / LAUNCHES)   # us a launch, [T, R]
+            factor = np.ones(len(ranks))
+            for f in faults:
+                if f.stage == stage and f.active(iteration):
+                    factor[np.isin(ranks, f.ranks)] *= f.factor
+            seen = np.isfinite(per).any(axis=0)
+            kid = kernel_id(name)
+            out[f"{kid}_m0_n"] = np.where(seen, float(LAUNCHES * len(per)), np.nan)
+            out[f"{kid}_m0_p50"] = np.nanmedian(per, axis=0) * factor
+            out[f"{kid}_m0_p99"] = np.nanmax(per, axis=0) * factor * np.exp(Z99 * SPREAD)
+            out["events"] = out["events"] + np.where(seen, LAUNCHES * len(per), 0)
+            names.append({"time": int(time_ms) // HOUR_MS * HOUR_MS, "job": tags["job"].iloc[0], "kernel": kid,
+                          "name": name, "kind": kind, "group": group})
+    return pd.DataFrame(out), pd.DataFrame(names)
