@@ -180,7 +180,8 @@ L2_RANK_RATIO = 3.0
 
 
 def rankscope_alert_groups() -> list[AlertGroup]:
-    """The rules rankscope provisions: L1 step change, L2 group CV, L2 culprit rank, open incident."""
+    """The rules rankscope provisions: L1 step change, L2 group CV, L2 culprit rank, open incident,
+    L3 kernel finding (a warning)."""
     l1 = AlertRule(
         uid="rankscope-l1-step",
         title="L1: iteration time stepped up",
@@ -221,8 +222,13 @@ def rankscope_alert_groups() -> list[AlertGroup]:
                     "median in {{ $labels.stage }}. If that stage is compute-only, the machine is degraded: "
                     "drain or replace {{ $labels.host }}; network repairs will not help.",
         severity="critical", dashboard_uid="rankscope-heatmap", link_vars=(("job", "job"), ("stage", "stage")))
+    return [AlertGroup("rankscope fail-slow", "1m", [l1, cv, rank, _incident_rule(), _kernel_rule()])]
+
+
+def _incident_rule() -> AlertRule:
+    """Any open incident, one alert per culprit host (critical: the page)."""
     # fires on any open incident: counts its points (a silent-rank incident has ratio 0)
-    incident = AlertRule(
+    return AlertRule(
         uid="rankscope-incident-open",
         title="Fail-slow incident open",
         query=InfluxQuery("A", f"SELECT count(\"onset_iteration\") FROM {source(schema.INCIDENT_HOST)} WHERE \"status\" = 'open' "
@@ -237,4 +243,21 @@ def rankscope_alert_groups() -> list[AlertGroup]:
                     "class is a compute fault; do not repair the network on the strength of a port event "
                     "the record contradicts.",
         severity="critical", dashboard_uid=INCIDENT_DASHBOARD, pending="0s", incident_label="id")
-    return [AlertGroup("rankscope fail-slow", "1m", [l1, cv, rank, incident])]
+
+
+def _kernel_rule() -> AlertRule:
+    """A confirmed L3 kernel finding (a warning: it costs nothing yet)."""
+    return AlertRule(
+        uid="rankscope-l3-kernel",
+        title="L3: a kernel slower on some ranks than in their group (confirmed)",
+        query=InfluxQuery("A", f"SELECT max(\"ratio\") FROM {source(schema.L3_KERNEL)} WHERE \"confirmed\" = 1 "
+                               "AND $timeFilter GROUP BY \"job\", \"host\", \"kernel\"", from_s=3600),
+        reduce=Reduce("B", "A", "max"), threshold=Threshold("C", "B", "gt", 0),
+        summary="Job {{ $labels.job }}: kernel {{ $labels.kernel }} on host {{ $labels.host }} runs "
+                "{{ humanize $values.B.Value }}x its group's reference",
+        description="The analyzer found kernel {{ $labels.kernel }} slower on ranks of host {{ $labels.host }} "
+                    "than in the rest of their data-parallel group, two windows of profiled steps in a row. "
+                    "The L3 dashboard names the kernel and whether it is compute or a collective. Without an "
+                    "open incident it costs nothing yet (hidden by overlap): plan to drain the host, do not "
+                    "page. A compute kernel is the machine; a collective on one group is its link.",
+        severity="warning", dashboard_uid="rankscope-kernels", link_vars=(("job", "job"),))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from dashboards import heatmap, incident, l2, noc
+from dashboards import heatmap, incident, kernels, l2, noc
 from dashboards.alerts import provisioning_document, rankscope_alert_groups
 from dashboards.panels import DATASOURCE_NAME, DATASOURCE_UID, DashboardSpec
 from dashboards.routing import notification_document
@@ -39,6 +39,7 @@ DASHBOARDS: dict[str, Callable[[], DashboardSpec]] = {
     "heatmap": heatmap.spec,
     "l2": l2.spec,
     "incident": incident.spec,
+    "kernels": kernels.spec,
 }
 
 
