@@ -65,6 +65,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument(f"--{dim}", type=int, default=None,
                        help=f"{dim.upper()} size of the job (default: pure DP over the traces' world)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also write each trace's kernel durations (GPU kernels; a CPU trace's operators) "
+                        "as kernel_stats windows of N ProfilerSteps, compressed per kernel as the live "
+                        "kernel channel does, for the analyzer's kernel-level comparison (L3); "
+                        "0: off (default)")
     add_limit_option(p)
     p.set_defaults(func=run)
 
@@ -108,6 +113,8 @@ def _topology(args: argparse.Namespace) -> Topology | None:
 def run(args: argparse.Namespace) -> int:
     from rankscope.store import open_store
 
+    if args.kernels < 0:
+        raise TraceError(f"--kernels {args.kernels}: expected the ProfilerSteps of a window (>= 1), or 0 for off")
     limit = FileLimit.mb(args.max_file_mb)
     patterns = _patterns(args)
     topology = _topology(args)
@@ -116,10 +123,14 @@ def run(args: argparse.Namespace) -> int:
         report = import_traces(args.files, store, args.job, topology, patterns,
                                iteration_offset=args.iteration_offset, rank=args.rank,
                                progress=lambda msg: print(msg, file=sys.stderr, flush=True), hosts=hosts,
-                               limit=limit)
+                               limit=limit, kernel_steps=args.kernels)
     shown = ", ".join(report.hosts[:4]) + (f" (+{len(report.hosts) - 4})" if len(report.hosts) > 4 else "")
     print(f"imported {report.points} point(s): {report.files} trace(s), ranks "
           f"{','.join(map(str, report.ranks))}, {report.iterations} iteration(s), "
           f"stages {', '.join(report.stages)}; hosts {shown or 'unknown'}"
-          + (f"; refused {report.refused} event(s) with bad values" if report.refused else ""))
+          + (f"; refused {report.refused} event(s) with bad values" if report.refused else "")
+          + (f"; {report.kernel_points} kernel window(s)" if args.kernels else ""))
+    if args.kernels and report.no_kernels:
+        print(f"no kernel or operator events in the traces of rank(s) {','.join(map(str, report.no_kernels))}: "
+              "no kernel window for them (their stage latencies were imported)", file=sys.stderr)
     return 0

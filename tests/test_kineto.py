@@ -22,12 +22,14 @@ from collector.stage_timer import union_length
 from evaluation.torch_demo import DemoConfig, run_demo
 from rankscope.cli import main as cli_main
 from tests.kineto_gpu_traces import (
+    GELU,
     GEMM,
     GPU_ITERATIONS,
     GPU_SLOW_FROM,
     GPU_SLOW_RANK,
     GPUS,
     HOSTS,
+    LAYERNORM,
     WORLD,
     gpu_traces,
 )
@@ -351,3 +353,42 @@ def test_grouped_union_matches_a_plain_union_per_group():
             for k in range(groups + 2)]
     assert got == pytest.approx(want, abs=1e-3)
     assert got[-2:].tolist() == [0.0, 0.0]
+
+
+def test_import_trace_kernels_feed_l3_which_names_the_slow_rank_and_kernel(gpu_run, influx_store, capsys):
+    """``--kernels 10``: three windows a rank, compressed as the live channel does; L3 names rank 5's
+    compute kernels (all 3x from step 16) on its host, confirmed in two windows, and not the peers
+    that wait in the all-reduce."""
+    from analyzer.service.analyzer_service import AnalyzerService
+    from rankscope import schema
+    from rankscope.kernel_names import kernel_id
+
+    paths, _ = gpu_run
+    rc = cli_main(["import-trace", *map(str, paths), "--job", "k", "--kernels", "10", "--store", influx_store.url,
+                   "--bucket", influx_store.bucket])
+    assert rc == 0 and f"{3 * WORLD} kernel window(s)" in capsys.readouterr().out
+    stats = influx_store.read(schema.KERNEL_STATS, "k")
+    assert sorted(stats["iteration"].unique()) == [9, 19, 29] and set(stats["host"]) == set(HOSTS)
+    assert (stats[f"{kernel_id(GEMM)}_m0_n"] > 0).all()
+    AnalyzerService(influx_store, jobs=["k"]).cycle(final=True)
+    found = influx_store.read(schema.L3_KERNEL, "k")
+    confirmed = found[found["confirmed"] == 1]
+    assert set(confirmed["rank"]) == {GPU_SLOW_RANK} and set(confirmed["cause"]) == {"own"}, found
+    assert set(confirmed["name"]) == {GEMM, LAYERNORM, GELU} and set(confirmed["kind"]) == {"compute"}
+    assert set(confirmed["host"]) == {HOSTS[1]} and (confirmed["ratio"] > 1.5).all()
+    assert GPU_SLOW_RANK not in set(found[found["kind"] == "comm"]["rank"])   # it waited least
+
+
+def test_import_trace_kernels_of_a_trace_without_kernel_events_says_so(tmp_path, influx_store, capsys):
+    trace = tmp_path / "rank0.trace.json"
+    steps = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "ts": 1000.0 * k, "dur": 900.0,
+              "pid": 1, "tid": 1} for k in range(4)]
+    trace.write_text(json.dumps({"traceEvents": steps, "distributedInfo": {"rank": 0, "world_size": 1}}))
+    rc = cli_main(["import-trace", str(trace), "--job", "nok", "--kernels", "2", "--store", influx_store.url,
+                   "--bucket", influx_store.bucket])
+    out = capsys.readouterr()
+    assert rc == 0 and "0 kernel window(s)" in out.out and "no kernel or operator events" in out.err
+    assert len(influx_store.read_stage_latency("nok")) == 4      # the stage latencies are in, nothing lost
+    assert cli_main(["import-trace", str(trace), "--job", "nok", "--kernels", "-1", "--store", influx_store.url,
+                     "--bucket", influx_store.bucket]) != 0
+    assert "--kernels -1" in capsys.readouterr().err

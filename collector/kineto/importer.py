@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from collector.kineto.parse import TraceError, load_trace
+from collector.kineto.kernels import kernel_points, trace_windows
+from collector.kineto.parse import TraceError, load_trace, parse_events
 from collector.kineto.rows import TraceSummary, trace_rows
 from collector.kineto.stages import StagePatterns
 from collector.kineto.summarise import summarise_trace
@@ -32,6 +33,9 @@ class ImportReport:
     #: Events refused for a field that failed its check (every file), and the first of them.
     refused: int = 0
     first_refused: str = ""
+    #: ``kernel_stats`` points written (``--kernels``), and the ranks whose traces had no kernel event.
+    kernel_points: int = 0
+    no_kernels: list[int] = field(default_factory=list)
 
 
 def host_placement(topology: Topology, hosts: Mapping[int, str]) -> Topology | None:
@@ -55,7 +59,8 @@ def host_placement(topology: Topology, hosts: Mapping[int, str]) -> Topology | N
 def import_traces(paths: Iterable[str | Path], store: Any, job: str, topology: Topology | None = None,
                   patterns: StagePatterns | None = None, iteration_offset: int = 0,
                   rank: int | None = None, progress: Callable[[str], Any] | None = None,
-                  hosts: Mapping[int, str] | None = None, limit: FileLimit = DEFAULT_LIMIT) -> ImportReport:
+                  hosts: Mapping[int, str] | None = None, limit: FileLimit = DEFAULT_LIMIT,
+                  kernel_steps: int = 0) -> ImportReport:
     """Summarise every trace and write its ``stage_latency`` points to ``store``.
 
     ``topology`` defaults to a pure data-parallel job of the traces' world size, with
@@ -63,12 +68,15 @@ def import_traces(paths: Iterable[str | Path], store: Any, job: str, topology: T
     ``hosts`` (rank -> host name, e.g. from :func:`read_host_map`) wins over the
     host a trace records. Where the hosts fit the topology, the ``node`` tags follow
     them; else they are the topology's block placement. Each file is read within ``limit``;
-    events whose fields fail their checks are refused and counted in the report.
+    events whose fields fail their checks are refused and counted in the report. With
+    ``kernel_steps`` > 0, every ``kernel_steps`` ProfilerSteps of each trace are also a
+    ``kernel_stats`` window (:mod:`collector.kineto.kernels`).
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise TraceError("no trace files given")
-    summaries = summarise_files(paths, patterns or StagePatterns.default(), rank, hosts, progress, limit)
+    summaries = summarise_files(paths, patterns or StagePatterns.default(), rank, hosts, progress, limit,
+                                kernel_steps)
     seen: dict[int, str] = {}
     for s in summaries:
         if s.rank in seen:
@@ -82,20 +90,31 @@ def import_traces(paths: Iterable[str | Path], store: Any, job: str, topology: T
     store.write_stage_latency(df)
     stages = schema.stage_fields(df.columns)
     refused = [s for s in summaries if s.refused]
-    return ImportReport(len(paths), sorted(seen), int(df[schema.ITERATION_FIELD].nunique()), len(df), stages,
-                        sorted(set(host_of.values())), sum(s.refused for s in refused),
-                        refused[0].first_refused if refused else "")
+    report = ImportReport(len(paths), sorted(seen), int(df[schema.ITERATION_FIELD].nunique()), len(df), stages,
+                          sorted(set(host_of.values())), sum(s.refused for s in refused),
+                          refused[0].first_refused if refused else "")
+    if kernel_steps:
+        report.no_kernels = sorted(s.rank for s in summaries if not any(w[2] for w in s.kernels))
+        stats, names = kernel_points({s.rank: s.kernels for s in summaries if s.kernels}, df, iteration_offset)
+        if len(stats):
+            store.write_measurement(schema.KERNEL_NAME, names)
+            store.write_measurement(schema.KERNEL_STATS, stats)
+        report.kernel_points = len(stats)
+    return report
 
 
 def summarise_files(paths: list[Path], patterns: StagePatterns, rank: int | None = None,
                     hosts: Mapping[int, str] | None = None,
                     progress: Callable[[str], Any] | None = None,
-                    limit: FileLimit = DEFAULT_LIMIT) -> list[TraceSummary]:
+                    limit: FileLimit = DEFAULT_LIMIT, kernel_steps: int = 0) -> list[TraceSummary]:
     """The summary of every trace file (read within ``limit``), its host from ``hosts`` where
-    that names its rank."""
+    that names its rank; with ``kernel_steps``, its kernel windows too."""
     summaries = []
     for i, p in enumerate(paths):
-        s = summarise_trace(load_trace(p, limit), patterns, p, rank)
+        data = load_trace(p, limit)
+        s = summarise_trace(data, patterns, p, rank)
+        if kernel_steps:
+            s.kernels = trace_windows(parse_events(data, p), s.end_ms, kernel_steps)
         if hosts and s.rank in hosts:
             s.host = hosts[s.rank]
         summaries.append(s)

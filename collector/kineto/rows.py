@@ -33,6 +33,8 @@ class TraceSummary:
     #: Events refused for a field that failed its check, and the first (file, event, field).
     refused: int = 0
     first_refused: str = ""
+    #: Kernel windows (``import-trace --kernels``): (last step, end epoch ms, [(name, us)]).
+    kernels: list = field(default_factory=list)
 
     @property
     def stages(self) -> list[str]:
