@@ -76,9 +76,30 @@ class PipelineRule(Rule):
             "against": "other_stages" if static else "own_past",
             "group": {"type": "pipeline", "ranks": format_ranks(inc.group_ranks)}, "l1": obs.l1_step,
         }
+        bubbles = self.bubbles(obs)
+        if bubbles is not None:
+            inc.evidence["bubble_ms"] = bubbles
+            inc.evidence["summary"] += (" Bubbles (pp_recv + pp_send, median ms) by stage: "
+                                        + ", ".join(f"pp={p} {'-' if b is None else f'{b:g}'}"
+                                                    for p, b in enumerate(bubbles)) + ".")
         inc = book.register(inc)
         book.judge_events(inc, obs.window)
         return [inc]
+
+    def bubbles(self, obs: Observation) -> list[float | None] | None:
+        """The pipeline bubbles of the latest iteration: per PP stage, the median over its ranks of
+        the time spent in the pipeline's transfers (waiting for the next or previous stage). A
+        stage with more work waits least; asymmetric bubbles show it even when gradient sync
+        evens out the iteration time (ARGUS's pipeline-bubble amplification). None without
+        pipeline transfer stages."""
+        cols = [i for i, st in enumerate(self.stages.stages) if st.kind == "comm" and st.group == "pipeline"]
+        if not cols or self.topo.pp < 2 or not len(obs.window):
+            return None
+        per_rank = np.nansum(obs.window.recent(1)[-1][:, cols], axis=1)
+        per_rank[~obs.present] = np.nan
+        med = [np.nanmedian(per_rank[self.topo.pp_index == p]) if obs.present[self.topo.pp_index == p].any()
+               else float("nan") for p in range(self.topo.pp)]
+        return [round(float(m), 1) if np.isfinite(m) else None for m in med]
 
     def active(self, inc: Incident, obs: Observation) -> bool:
         return self.episode is not None and jaccard(self.episode.ranks, np.asarray(inc.ranks)) >= 0.5
