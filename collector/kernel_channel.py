@@ -9,9 +9,10 @@ or from a trace file. Per kernel they are compressed to their modes (count, p50,
   into one ``other`` kernel;
 - a kernel's fields are named by a 10-hex-digit hash of its name (``k1a2b3c4d5e_m0_p50``), so
   the series stay one per rank (as ``stage_latency``): a kernel is a field, never a tag;
-- its name is written once by each rank, in ``kernel_name`` (job, kernel -> name, kind; stamped
-  at the hour, so the ranks' points coincide), cut to ``MAX_NAME`` characters (a templated CUDA
-  kernel's name runs to thousands).
+- its name is written by each rank once an hour (a name lost on the way comes again), in
+  ``kernel_name`` (job, kernel -> name, kind; stamped at the hour, so the ranks' points
+  coincide), cut to ``MAX_NAME`` characters (a templated CUDA kernel's name runs to thousands).
+  Until its name is in, the analyzer calls a kernel's kind ``unknown`` and confirms nothing of it.
 
 At ``top_k`` = 16 and 3 modes that is at most 17 x 3 x 3 numbers a rank a window: about 2 KB as
 line protocol (docs/schema.md).
@@ -59,7 +60,7 @@ class KernelChannel:
             raise ValueError(f"top_k ({top_k}) and max_modes ({max_modes}) must be >= 1")
         self.tags, self.sink, self.names_sink = dict(tags), sink, names_sink
         self.top_k, self.max_modes = top_k, max_modes
-        self._named: set[str] = set()
+        self._named: dict[str, int] = {}   # kernel -> the hour its name went last: again each hour
 
     def window(self, iteration: int, time_ms: int, events: Iterable[tuple[str, float]]) -> tuple[dict, list[dict]]:
         """The ``kernel_stats`` point of a window ending at ``iteration`` and the ``kernel_name``
@@ -75,8 +76,8 @@ class KernelChannel:
         for name in top:
             kid = kernel_id(name)
             self._fields(point, kid, frame["us"].to_numpy(float)[frame["name"].to_numpy() == name])
-            if kid not in self._named:
-                self._named.add(kid)
+            if self._named.get(kid) != int(time_ms) // HOUR_MS:
+                self._named[kid] = int(time_ms) // HOUR_MS
                 names.append({"time": int(time_ms) // HOUR_MS * HOUR_MS, "job": self.tags.get("job"), "kernel": kid,
                               "name": name[:MAX_NAME], "kind": kernel_kind(name), "group": ""})
         rest = frame["us"].to_numpy(float)[~frame["name"].isin(top).to_numpy()]

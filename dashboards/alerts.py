@@ -257,7 +257,8 @@ def _kernel_rule() -> AlertRule:
                 "{{ humanize $values.B.Value }}x its group's reference",
         description="The analyzer found kernel {{ $labels.kernel }} slower on ranks of host {{ $labels.host }} "
                     "than in the rest of their data-parallel group, two windows of profiled steps in a row. "
-                    "The L3 dashboard names the kernel and whether it is compute or a collective. Without an "
-                    "open incident it costs nothing yet (hidden by overlap): plan to drain the host, do not "
-                    "page. A compute kernel is the machine; a collective on one group is its link.",
+                    "The L3 dashboard names the kernel and its cause. Without an open incident it costs "
+                    "nothing yet (hidden by overlap): plan the work, do not page. Cause own (a compute "
+                    "kernel): the machine, drain {{ $labels.host }} at a convenient time; cause link (a "
+                    "collective slow on all its group's members): the group's link, not the GPUs.",
         severity="warning", dashboard_uid="rankscope-kernels", link_vars=(("job", "job"),))

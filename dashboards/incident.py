@@ -47,15 +47,17 @@ def _record(lay: Layout) -> list:
 def _culprit_node(lay: Layout) -> list:
     """The culprit node's stage against its group's median, and every stage of the node."""
     culprit_vs_group = timeseries(
-        "$stage: culprit node $culprit_node against its $group_type group $group_id",
+        "$stage: culprit node $culprit_node against the $group_type groups' median",
         [target(f"SELECT mean(\"$stage\") AS \"culprit node $culprit_node\" FROM {ROLLUP_HOST} "
                 "WHERE \"job\" = '$job' AND \"node\" = '$culprit_node' AND $timeFilter "
                 "GROUP BY time($__interval) fill(none)", "A"),
-         target(f"SELECT mean(\"median\") AS \"group median\" FROM {source(schema.L2_GROUP)} WHERE \"job\" = '$job' "
-                "AND \"group_type\" = '$group_type' AND \"group_id\" = '$group_id' AND \"stage\" = '$stage' "
+         target(f"SELECT mean(\"median\") AS \"median over the groups\" FROM {source(schema.L2_KIND)} "
+                "WHERE \"job\" = '$job' AND \"group_type\" = '$group_type' AND \"stage\" = '$stage' "
                 "AND $timeFilter GROUP BY time($__interval) fill(none)", "B")],
         lay.place(12, 10), unit="ms",
-        description="The culprits' time in the incident's stage next to the median of their group.")
+        description="The culprits' time in the incident's stage next to the median of the groups of their "
+                    "kind (every group's median, summarised per window: before the onset and after the "
+                    "end too, when the analyzer writes no point of their own group).")
     stages = ", ".join(f"mean(\"{s}\") AS \"{s}\"" for s in schema.DEFAULT_STAGES.names)
     culprit_stages = timeseries(
         "Every stage of culprit node $culprit_node",

@@ -44,14 +44,15 @@ def spec() -> DashboardSpec:
     lay.newline()
     confirmed = table(
         "Confirmed kernel findings (two windows in a row or more)",
-        [target(f"SELECT last(\"name\") AS \"kernel\", last(\"kind\") AS \"kind\", last(\"ratio\") AS \"ratio\", "
+        [target(f"SELECT last(\"name\") AS \"kernel\", last(\"kind\") AS \"kind\", last(\"cause\") AS \"cause\", "
+                f"last(\"ratio\") AS \"ratio\", "
                 f"last(\"w1_us\") AS \"W1 us\", last(\"shift_us\") AS \"slower by us\", "
                 f"last(\"windows\") AS \"windows\", last(\"group_id\") AS \"dp group\" FROM {L3} "
                 f"WHERE {where} AND \"confirmed\" = 1 GROUP BY \"host\", \"rank\", \"kernel\"", table=True)],
         lay.place(24, 9), sort_by="ratio",
-        description="A compute kernel slow on the ranks of one host is that machine; a collective slow on one "
-                    "group while the iteration time is flat is a link degrading behind overlap: no cost yet, "
-                    "plan the drain.")
+        description="cause own: a compute kernel slow on the ranks of one host, that machine; link: a "
+                    "collective slow on all members of its group (no one waited), the group's link degrading "
+                    "behind overlap when the iteration time is flat: no cost yet, plan the repair.")
     lay.newline()
     trend = timeseries(
         "Trend of the confirmed findings (ratio per window)",

@@ -155,8 +155,9 @@ def build_model(cfg: DemoConfig) -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             gates = torch.softmax(self.router(x), dim=-1)
             out = x
-            extra = -(-self.degraded_passes // len(self.experts))   # the slow device's, per expert
             for e, expert in enumerate(self.experts):
+                # the slow device's extra passes, spread over the experts (degraded_passes in all)
+                extra = self.degraded_passes // len(self.experts) + (e < self.degraded_passes % len(self.experts))
                 # one operator as a profiler sees it (a fused expert kernel): the degraded
                 # device's extra work falls inside it
                 with torch.profiler.record_function("moe.expert_ffn"):

@@ -2,8 +2,11 @@
 the log-normal mixture the analyzer rebuilds from it (ARGUS's L3, arXiv 2606.20374).
 
 Each mode is kept as count, p50 and p99 (:class:`Mode`); rebuilt, it is a log-normal with that
-median and 99th percentile, weighted by its count. :func:`mixture_cdf` evaluates many ranks'
-mixtures on one grid at once (arrays ``[rank, mode]``, NaN-padded), for the analyzer's distances.
+median and 99th percentile, weighted by its count. :func:`mixture_quantiles` gives many ranks'
+quantiles at once in closed form (arrays ``[rank, mode]``, NaN-padded; the modes taken as apart),
+for the analyzer's distances; :func:`mixture_cdf` evaluates the exact mixture on a grid, for
+:func:`rebuild_quantiles`, which measures the compression against raw events (where modes may
+overlap).
 
 Example::
 

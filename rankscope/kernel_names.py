@@ -9,6 +9,8 @@ Example::
 
     >>> kernel_id("aten::mm"), kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
     ('k0d1674e042', 'comm')
+    >>> kernel_kind("aten::broadcast_tensors"), kernel_kind("record_param_comms")
+    ('compute', 'comm')
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ MAX_NAME = 512
 HOUR_MS = 3_600_000
 #: The id of the kernels pooled past the top K of a window.
 OTHER = "other"
-_COMM = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|nccl|gloo|c10d|"
-                   r"send|recv", re.IGNORECASE)
+_COMM = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast(?!_tensors)|nccl|gloo|"
+                   r"c10d|record_param_comms|send|recv", re.IGNORECASE)
 
 
 def kernel_id(name: str) -> str:

@@ -112,3 +112,80 @@ def test_a_real_gloo_run_names_the_rank_and_operator_that_degraded(kernel_run):
     assert not len(confirmed[(confirmed["name"] == "moe.expert_ffn") & (confirmed["iteration"] < cfg.slow_from)])
     row = late[late["name"] == "moe.expert_ffn"].iloc[0]
     assert row["kind"] == "compute" and row["group_type"] == "dp" and row["ratio"] > 1.5 and row["host"]
+
+
+# ------------------------------------------------------------- the cycle: retries, junk, restarts
+
+def _points(world: int, iteration: int, time_ms: int, slow: dict[int, float] | None = None) -> pd.DataFrame:
+    rng = np.random.default_rng(iteration)
+    rows = []
+    for r in range(world):
+        ch = KernelChannel({"job": "c", "rank": r, "host": f"h{r // 4}"})
+        rows.append(ch.window(iteration, time_ms + r, _events(rng, "aten::mm", 200.0 * (slow or {}).get(r, 1.0)))[0])
+    return pd.DataFrame(rows)
+
+
+class _FailingOnce:
+    """The store, but its first write of ``l3_kernel`` fails (the database went away)."""
+
+    def __init__(self, store):
+        self.store, self.failed = store, False
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def write_measurement(self, measurement, frame):
+        if measurement == schema.L3_KERNEL and not self.failed:
+            self.failed = True
+            raise ConnectionError("store down")
+        return self.store.write_measurement(measurement, frame)
+
+
+def test_a_failed_write_is_retried_without_counting_its_windows_twice(influx_store):
+    from analyzer.service.kernel_cycle import KernelCycle
+
+    topo = Topology(dp=8, gpus_per_node=4)
+    influx_store.write_measurement(schema.KERNEL_NAME, pd.DataFrame([{"time": 0 + 3_600_000, "job": "c",
+                                   "kernel": kernel_id("aten::mm"), "name": "aten::mm", "kind": "compute"}]))
+    for k, it in enumerate((9, 19, 29)):       # rank 5 slow in the window of 9 only
+        influx_store.write_measurement(schema.KERNEL_STATS, _points(8, it, 3_600_000 + 60_000 * k,
+                                                                     {5: 2.0} if it == 9 else None))
+    cycle = KernelCycle(_FailingOnce(influx_store))
+    assert cycle.run("c", topo) == 0 and "c" not in cycle.done          # the write failed: nothing moved
+    assert cycle.run("c", topo) == 1                                    # the retry: the same window
+    found = influx_store.read(schema.L3_KERNEL, "c")
+    assert found[["iteration", "rank", "windows", "confirmed"]].values.tolist() == [[9, 5, 1, 0]]
+
+
+def test_junk_fields_and_bad_modes_are_skipped_not_fatal():
+    rng = np.random.default_rng(4)
+    topo = Topology(dp=8, gpus_per_node=4)
+    frame = _window(rng, 8, {6: 1.7})
+    kid = kernel_id("aten::mm")
+    frame[f"{kid}_m999999_n"] = 1.0                     # a mode index no channel writes: not read
+    frame.loc[frame["rank"] == 2, f"{kid}_m0_p50"] = -3.0   # a negative duration: rank 2 has no mode
+    frame.loc[frame["rank"] == 3, f"{kid}_m0_n"] = np.nan
+    f = kernel_findings(frame, {kid: ("aten::mm", "compute")}, topo)
+    assert f["rank"].tolist() == [6]
+    junk = frame.assign(**{f"{kid}_m0_p50": -1.0})       # no rank has a valid mode left: nothing, no error
+    assert kernel_findings(junk, {}, topo).empty
+    unnamed = kernel_findings(frame, {}, topo)           # its name has not come: kind unknown
+    assert unnamed[["rank", "kind", "cause"]].values.tolist() == [[6, "unknown", "unknown"]]
+
+
+def test_windows_of_a_restart_that_runs_the_same_iterations_again_are_new_windows():
+    from analyzer.service.kernel_cycle import GAP_MS, ready_windows
+
+    first = _points(8, 100, 1_000_000)
+    again = _points(8, 100, 1_000_000 + 3 * GAP_MS)      # resumed from a checkpoint: iteration 100 again
+    later = _points(8, 110, 1_000_000 + 4 * GAP_MS)
+    frame = pd.concat([first, again, later], ignore_index=True)
+    wins = ready_windows(frame, None, True, 8)
+    assert [(it, len(w)) for it, w in wins] == [(100, 8), (100, 8), (110, 8)]
+    assert [it for it, _ in ready_windows(frame, int(first["time"].max()), False, 8)] == [100]
+    # a window that misses ranks waits while only one newer window has begun, then goes
+    nxt = _points(8, 110, 1_000_000 + GAP_MS)
+    assert ready_windows(pd.concat([first.iloc[3:], nxt]), None, False, 8) == []
+    assert [it for it, _ in ready_windows(pd.concat([first, nxt]), None, False, 8)] == [100]
+    three = pd.concat([first.iloc[3:], nxt, _points(8, 120, 1_000_000 + 2 * GAP_MS)])
+    assert [(it, len(w)) for it, w in ready_windows(three, None, False, 8)] == [(100, 5), (110, 8)]

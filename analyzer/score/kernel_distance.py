@@ -68,12 +68,14 @@ def kernel_distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, member
                      group_ids: np.ndarray, points: int = 16, fence: float = 5.0,
                      min_shift: float = 0.1, min_sigma: float = 0.02, trim: float = 0.9) -> KernelDistances:
     """Distances of every rank's kernel distribution (modes ``[R, M]``, NaN-padded; or ``[K, R, M]``
-    for K kernels) to its group's (``members`` ``[G, k]``, every rank in one group), and the
-    outliers. ``group_ids`` ``[R]`` is the group of each rank (kept for callers; ``members``
-    says it all)."""
+    for K kernels: a kernel no rank ran has NaN scores) to its group's (``members`` ``[G, k]``,
+    every rank in one group), and the outliers. ``group_ids`` ``[R]``, each rank's group, is what
+    ``members`` says too (kept so that callers pass both of a topology's views alike)."""
     one = count.ndim == 2
     if one:
         count, p50, p99 = count[None], p50[None], p99[None]
+        if not (np.isfinite(count) & (count > 0) & np.isfinite(p50) & np.isfinite(p99)).any():
+            raise ValueError("no rank has a mode of this kernel")
     u = np.r_[(np.arange(points) + 0.5) / points * trim, 0.5]   # the body's quantiles, and the median
     parts = [_distances(count[i:i + CHUNK_KERNELS], p50[i:i + CHUNK_KERNELS], p99[i:i + CHUNK_KERNELS],
                         members, u) for i in range(0, len(count), CHUNK_KERNELS)]
@@ -95,13 +97,10 @@ def _distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, members: np.
     k, r, m = count.shape
     rk = lambda a: np.ascontiguousarray(a.transpose(1, 0, 2)).reshape(r * k, m)   # noqa: E731
     q = mixture_quantiles(rk(count), rk(p50), rk(p99), u).reshape(r, k, len(u))
-    if np.isnan(q).all(axis=(0, 2)).any():
-        raise ValueError("no rank has a mode of this kernel")
     qg = q[members]                                              # [G, size, K, U + 1]
     ref = nanmedian(qg, axis=1)                                  # [G, K, U + 1]
     diff = qg[..., :-1] - ref[:, None, :, :-1]
-    w1, shift = np.full((3, r, k), np.nan)[:2]
-    ref_med = np.full((r, k), np.nan)
+    w1, shift, ref_med = np.full((r, k), np.nan), np.full((r, k), np.nan), np.full((r, k), np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         w1[members], shift[members] = np.abs(diff).mean(axis=3), diff.mean(axis=3)

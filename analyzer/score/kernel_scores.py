@@ -32,7 +32,9 @@ from analyzer.score.kernel_distance import kernel_distances
 from rankscope.kernel_names import OTHER
 from rankscope.topology import Topology
 
-_FIELD = re.compile(r"^(k[0-9a-f]{10}|k[0-9a-z]+)_m(\d+)_(n|p50|p99)$")
+#: Modes a kernel may have (the channel keeps 3); fields of others are not read.
+MAX_MODES = 8
+_FIELD = re.compile(rf"^(k[0-9a-f]{{10}}|k[0-9a-z]+)_m([0-{MAX_MODES - 1}])_(n|p50|p99)$")
 
 
 def kernel_columns(columns) -> dict[str, int]:
@@ -82,7 +84,10 @@ def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, ...]], topo
     if not kernels:
         return pd.DataFrame(columns=COLUMNS)
     count, p50, p99 = _modes(frame, kernels, rows, topo.world)
-    ran = (np.isfinite(count) & (count > 0)).any(axis=2).sum(axis=1) >= 3
+    # a mode with no events or a duration that is not a positive number is no mode (bad input)
+    valid = np.isfinite(count) & (count > 0) & np.isfinite(p50) & (p50 > 0) & np.isfinite(p99) & (p99 > 0)
+    count = np.where(valid, count, np.nan)
+    ran = valid.any(axis=2).sum(axis=1) >= 3
     if not ran.any():
         return pd.DataFrame(columns=COLUMNS)
     count, p50, p99, ids = count[ran], p50[ran], p99[ran], np.array(list(kernels))[ran]
@@ -93,7 +98,7 @@ def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, ...]], topo
     ki, hit = np.nonzero(hits)
     if not hit.size:
         return pd.DataFrame(columns=COLUMNS)
-    info = [tuple(names.get(str(kid), (str(kid), "compute"))) + ("",) for kid in ids[ki]]
+    info = [tuple(names.get(str(kid), (str(kid), "unknown"))) + ("",) for kid in ids[ki]]
     ref = d.ref_median_us[ki, hit]
     return pd.DataFrame({
         "rank": hit, "kernel": ids[ki], "name": [i[0] for i in info], "kind": [i[1] for i in info],
@@ -109,12 +114,18 @@ def causes(hits: np.ndarray, ki: np.ndarray, hit: np.ndarray, kinds: list[str], 
     """Whether each finding's slowness is the kernel's own: ``own`` for compute; for a collective,
     the arrival rule: its members all end together, so if (nearly) all of the collective's group
     stand out together, the collective itself is slow (``link``: no one waited), and if only some
-    do, they waited for a late peer (``wait``: victims, not culprits)."""
+    do, they waited for a late peer (``wait``: victims, not culprits); ``unknown`` for a kernel
+    whose name (and so kind) has not reached the database.
+
+    A collective whose group kind is not known (the live channel cannot tell it from a kernel's
+    name) is taken as data parallel, the group the ranks are scored in, where at most half of the
+    group can stand out: such a finding is always ``wait``, never confirmed. The simulator and a
+    trace that names its collectives' groups can tell a ``link``."""
     groups: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     out = []
     for k, r, kind, coll in zip(ki, hit, kinds, collective, strict=True):
         if kind != "comm":
-            out.append("own")
+            out.append("own" if kind == "compute" else "unknown")
             continue
         if coll not in groups:
             try:

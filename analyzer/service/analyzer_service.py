@@ -364,6 +364,7 @@ class AnalyzerService:
             try:
                 if job in self.rollups:
                     self.rollups[job].flush(self.store, ja.last_time_ms, now_ms, final=True, force=True)
+                self.kernels.run(job, ja.topo, final=True, reader=reader)   # its last kernel windows
                 out.write(self.store)
             except Exception as exc:  # noqa: BLE001 - tried again next cycle, state kept
                 log.error("job %s: storing its end failed: %s: %s", job, type(exc).__name__, exc)

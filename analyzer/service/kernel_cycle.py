@@ -1,8 +1,9 @@
 """L3 in the analyzer's cycle: each job's kernel windows stored since the last cycle, scored, written.
 
 It runs every cycle beside L1 and L2, also when they see nothing (a collective slowed but hidden
-by overlap leaves the iteration time flat). A window is scored once all of it is in: when a
-later window of the job has begun (a ``final`` cycle scores the last one too). Its findings are
+by overlap leaves the iteration time flat). A window is scored once all of it is in: a later
+window has begun and it holds every rank, or two later windows have begun (a ``final`` cycle, or
+a job that ended, scores the last ones too). Its findings are
 ``l3_kernel`` points, keyed by the window's time, rank and kernel: a window scored again writes
 the same points. A fresh analyzer scores the windows of the stretch its reader replays (from the
 predecessor's last ``history`` iterations; a job never analyzed, from its first window).
@@ -26,20 +27,25 @@ from rankscope.topology import Topology
 
 log = logging.getLogger(__name__)
 
-#: How far before a replay's start a window's points are read (the ranks stamp their own clocks).
-SKEW_MS = 60_000
+#: Kernel points are read again from this far before the newest window scored (late points, the
+#: ranks' own clocks); points of one window further apart than ``GAP_MS`` are two windows (a
+#: restart that re-runs the same iteration numbers).
+LATE_MS = 600_000
+GAP_MS = 300_000
 #: Windows in a row a rank must stand out in a kernel for the finding to be confirmed.
 PERSIST = 2
+#: Causes that can be confirmed: a compute kernel's own slowness, a collective's link.
+CONFIRMABLE = ("own", "link")
 IT = schema.ITERATION_FIELD
 
 
 class KernelCycle:
-    """Per job, the newest window scored (its iteration), the kernels' names and the findings'
-    streaks (released with the job's other state when it ends: the service pops them)."""
+    """Per job, the newest window scored (its newest point's time), the kernels' names and the
+    findings' streaks (released with the job's other state when it ends: the service pops them)."""
 
     def __init__(self, store: Store):
         self.store = store
-        self.done: dict[str, tuple[int, int]] = {}      # job -> (time_ms, iteration) of the newest scored
+        self.done: dict[str, int] = {}                  # job -> newest point time of the newest scored window
         self.names: dict[str, dict[str, tuple[str, str, str]]] = {}
         # job -> (rank, kernel) -> (the window's number, windows in a row); job -> windows scored
         self.streaks: dict[str, dict[tuple[int, str], tuple[int, int]]] = {}
@@ -48,59 +54,47 @@ class KernelCycle:
     def run(self, job: str, topo: Topology, final: bool = False, reader: object = None) -> int:
         """Score the job's complete windows not scored yet; how many findings were written.
         ``reader``: the job's stage reader (a fresh analyzer starts where its replay starts).
-        A failure is logged and tried again next cycle: L3 never holds up L1 and L2."""
+        A failure to read or write is logged and tried again next cycle, with the streaks as they
+        were: L3 never holds up L1 and L2, and a retry counts no window twice."""
         since = getattr(getattr(reader, "replay", None), "cursor_ms", None)
         try:
             return self._run(job, topo, final, since, getattr(reader, "read_until", None))
-        except Exception as exc:  # noqa: BLE001 - logged; the window is scored next cycle
+        except Exception as exc:  # noqa: BLE001 - logged; the windows are scored next cycle
             log.error("job %s: kernel analysis (L3) failed: %s: %s", job, type(exc).__name__, exc)
             return 0
 
     def _run(self, job: str, topo: Topology, final: bool, since_ms: int | None, until_ms: int | None) -> int:
         frame = self._read(job, since_ms)
         if not len(frame) or IT not in frame.columns:
-            if until_ms is not None:   # none so far: the next read starts near the stage reader's
-                self.done[job] = (max(self.done.get(job, (0, -1))[0], int(until_ms) - SKEW_MS),
-                                  self.done.get(job, (0, -1))[1])
+            if until_ms is not None and job not in self.done:   # none yet: later reads start near the stages'
+                self.done[job] = int(until_ms) - LATE_MS
             return 0
-        its = pd.to_numeric(frame[IT], errors="coerce")
-        frame = frame[its.notna()].assign(**{IT: its[its.notna()].astype("int64")})
-        last = self.done.get(job, (0, -1))[1]
-        newest = int(frame[IT].max())
-        todo = sorted(i for i in frame[IT].unique() if i > last and (final or i < newest))
+        todo = ready_windows(frame, self.done.get(job), final, topo.world)
         names = self._names(job, set(kernel_columns(frame.columns)))
+        held, n = dict(self.streaks.get(job, {})), self.windows.get(job, 0)
         found = []
-        for it in todo:
-            w = frame[frame[IT] == it]
-            f = self._streaks(job, kernel_findings(w, names, topo))
+        for it, w in todo:
+            try:
+                f = kernel_findings(w, names, topo)
+            except Exception as exc:  # noqa: BLE001 - a window the data makes unscorable: skipped, said
+                log.error("job %s: kernel window of iteration %d skipped: %s: %s", job, it, type(exc).__name__, exc)
+                f = kernel_findings(w.iloc[:0], names, topo)
+            n += 1
+            f = streaks(held, n, f)
             if len(f):
                 found.append(f.assign(time=int(w["time"].max()), job=job, iteration=int(it)))
         if found:
             self.store.write_measurement(schema.L3_KERNEL, pd.concat(found, ignore_index=True))
-        if todo:
-            w = frame[frame[IT] == todo[-1]]
-            self.done[job] = (int(w["time"].min()), int(todo[-1]))
+        if todo:   # stored: the streaks and the cursor move on
+            self.streaks[job], self.windows[job] = held, n
+            self.done[job] = int(todo[-1][1]["time"].max())
         return sum(len(f) for f in found)
-
-    def _streaks(self, job: str, found: pd.DataFrame) -> pd.DataFrame:
-        """``windows`` and ``confirmed`` of one window's findings, the job's streaks moved on."""
-        n = self.windows[job] = self.windows.get(job, 0) + 1
-        held = self.streaks.setdefault(job, {})
-        runs = []
-        for key in zip(found["rank"].astype(int), found["kernel"].astype(str), strict=True):
-            seen, run = held.get(key, (0, 0))
-            held[key] = (n, run + 1 if seen == n - 1 else 1)
-            runs.append(held[key][1])
-        for key in [k for k, (seen, _) in held.items() if seen < n]:
-            del held[key]
-        own = (found["cause"] != "wait").to_numpy() if len(found) else np.zeros(0, dtype=bool)
-        return found.assign(windows=runs, confirmed=(np.asarray(runs) >= PERSIST) & own).astype({"confirmed": int})
 
     def _read(self, job: str, since_ms: int | None) -> pd.DataFrame:
         if job in self.done:
-            start = self.done[job][0]
+            start = self.done[job] - LATE_MS
         else:
-            start = None if since_ms is None else since_ms - SKEW_MS
+            start = None if since_ms is None else since_ms - LATE_MS
         return self.store.read(schema.KERNEL_STATS, job, start_ms=start)
 
     def _names(self, job: str, needed: set[str]) -> dict[str, tuple[str, str, str]]:
@@ -114,3 +108,41 @@ class KernelCycle:
             for kid, name, kind, coll in zip(stored["kernel"], stored["name"], stored["kind"], group, strict=True):
                 names[str(kid)] = (str(name), str(kind), coll)
         return names
+
+
+def ready_windows(frame: pd.DataFrame, done_ms: int | None, final: bool,
+                  world: int) -> list[tuple[int, pd.DataFrame]]:
+    """The windows of ``frame`` to score now, oldest first: newer than ``done_ms``, and complete (a
+    newer one begun and all ``world`` ranks in, or two newer ones begun; a ``final`` cycle takes
+    every one). A window is the points of one iteration number lying within ``GAP_MS`` of each
+    other: a restart that runs the same numbers again makes new windows."""
+    its = pd.to_numeric(frame[IT], errors="coerce")
+    frame = frame[its.notna()].assign(**{IT: its[its.notna()].astype("int64")}).sort_values([IT, "time"])
+    t = frame["time"].to_numpy(np.int64)
+    it = frame[IT].to_numpy()
+    cut = np.r_[True, (it[1:] != it[:-1]) | (np.diff(t) > GAP_MS)]
+    groups = [g for _, g in frame.groupby(np.cumsum(cut), sort=False)]
+    groups.sort(key=lambda g: int(g["time"].max()))
+    out = []
+    for k, g in enumerate(groups):
+        if done_ms is not None and int(g["time"].max()) <= done_ms:
+            continue
+        if final or g["rank"].nunique() >= world and k < len(groups) - 1 or k < len(groups) - 2:
+            out.append((int(g[IT].iloc[0]), g))
+        else:
+            break   # the rest wait for this one: windows are scored in order
+    return out
+
+
+def streaks(held: dict[tuple[int, str], tuple[int, int]], n: int, found: pd.DataFrame) -> pd.DataFrame:
+    """``windows`` and ``confirmed`` of window ``n``'s findings, ``held`` (rank, kernel -> last
+    window flagged, run) moved on; a cause other than own or link is never confirmed."""
+    runs = []
+    for key in zip(found["rank"].astype(int), found["kernel"].astype(str), strict=True):
+        seen, run = held.get(key, (0, 0))
+        held[key] = (n, run + 1 if seen == n - 1 else 1)
+        runs.append(held[key][1])
+    for key in [k for k, (seen, _) in held.items() if seen < n]:
+        del held[key]
+    ok = found["cause"].isin(CONFIRMABLE).to_numpy() if len(found) else np.zeros(0, dtype=bool)
+    return found.assign(windows=runs, confirmed=((np.asarray(runs) >= PERSIST) & ok).astype(int))
