@@ -18,6 +18,7 @@ from analyzer.detect.l1 import ChangePoint, L1Monitor
 from analyzer.detect.window import Window
 from analyzer.diagnosis import Diagnoser, Observation
 from analyzer.diagnosis.event_verdicts import OutOfBandEvent
+from analyzer.diagnosis.host_gaps import explain_stalls
 from analyzer.score.impact import ImpactTracker
 from analyzer.score.l2_points import l2_frames, l2_rank_frame, window_medians
 from analyzer.score.rank_scores import RankScorer, RankScores
@@ -154,6 +155,11 @@ class JobAnalyzer:
         for inc in incidents:
             if inc.is_open:
                 self.impact.adopt(inc)
+
+    def note_host_gaps(self, gaps: pd.DataFrame) -> list[Incident]:
+        """Launch gaps the kernel windows found (L3): the transient stalls they explain become
+        host-side ones (:mod:`analyzer.diagnosis.host_gaps`); the incidents changed."""
+        return explain_stalls(self._diag.incidents, gaps)
 
     def add_events(self, events: list[OutOfBandEvent]) -> None:
         """Out-of-band events to judge against the incidents."""

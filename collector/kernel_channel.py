@@ -62,14 +62,20 @@ class KernelChannel:
         self.top_k, self.max_modes = top_k, max_modes
         self._named: dict[str, int] = {}   # kernel -> the hour its name went last: again each hour
 
-    def window(self, iteration: int, time_ms: int, events: Iterable[tuple[str, float]]) -> tuple[dict, list[dict]]:
-        """The ``kernel_stats`` point of a window ending at ``iteration`` and the ``kernel_name``
-        points of kernels new to this rank; both also handed to the sinks. Events with a
-        duration that is not a positive finite number are left out."""
-        frame = pd.DataFrame(list(events), columns=["name", "us"])
+    def window(self, iteration: int, time_ms: int, events: Iterable[tuple], steps: int = 1) -> tuple[dict, list[dict]]:
+        """The ``kernel_stats`` point of a window of ``steps`` steps ending at ``iteration`` and the
+        ``kernel_name`` points of kernels new to this rank (this hour); both also handed to the
+        sinks. ``events``: (name, duration us) or (name, duration us, start us); with starts,
+        ``gap_max_us`` is the longest time the device ran none of them (the host not launching:
+        a JIT compile, GC, a data loader). Events with a duration that is not a positive finite
+        number are left out."""
+        rows = list(events)
+        frame = pd.DataFrame(rows, columns=["name", "us", "start"][: len(rows[0]) if rows else 2])
         frame = frame[np.isfinite(frame["us"].to_numpy(float)) & (frame["us"].to_numpy(float) > 0)]
         point: dict[str, Any] = {"time": int(time_ms), **self.tags, schema.ITERATION_FIELD: int(iteration),
-                                 "events": len(frame)}
+                                 "steps": int(steps), "events": len(frame)}
+        if "start" in frame.columns and len(frame) > 1:
+            point["gap_max_us"] = longest_gap(frame["start"].to_numpy(float), frame["us"].to_numpy(float))
         totals = frame.groupby("name", sort=False)["us"].sum().sort_values(ascending=False, kind="stable")
         top = list(totals.index[: self.top_k])
         names = []
@@ -98,15 +104,24 @@ class KernelChannel:
             point[f"{kid}_m{j}_p99"] = m.p99_us
 
 
-def profiler_events(prof: Any, device: str = "cpu") -> list[tuple[str, float]]:
-    """(name, duration in us) of a torch.profiler window's events: CUDA kernels with
+def longest_gap(start: np.ndarray, dur: np.ndarray) -> float:
+    """The longest stretch (us) between events during which none ran (nested and overlapping
+    events count once): the device idle between kernels."""
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], start[order] + dur[order]
+    busy_until = np.maximum.accumulate(e)
+    return float(max(np.max(s[1:] - busy_until[:-1], initial=0.0), 0.0)) if len(s) > 1 else 0.0
+
+
+def profiler_events(prof: Any, device: str = "cpu") -> list[tuple[str, float, float]]:
+    """(name, duration us, start us) of a torch.profiler window's events: CUDA kernels with
     ``device="cuda"``, CPU operators with ``"cpu"`` (a gloo job's "kernels")."""
     want = device.upper()
     out = []
     for e in prof.events():
         if str(getattr(e, "device_type", "")).rsplit(".", 1)[-1] != want:
             continue
-        out.append((str(e.name), float(e.time_range.elapsed_us())))
+        out.append((str(e.name), float(e.time_range.elapsed_us()), float(e.time_range.start)))
     return out
 
 
@@ -121,7 +136,7 @@ class ProfilerWindows:
 
         if active < 1 or every < active + 1:
             raise ValueError(f"kernel windows: need 1 <= active ({active}) < every ({every})")
-        self.channel, self.iteration, self.windows = channel, 0, 0
+        self.channel, self.iteration, self.windows, self.active = channel, 0, 0, active
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
         self._prof = profile(activities=acts, on_trace_ready=self._ready,
@@ -129,7 +144,8 @@ class ProfilerWindows:
         self._prof.__enter__()
 
     def _ready(self, prof: Any) -> None:
-        self.channel.window(self.iteration, int(time.time() * 1000), profiler_events(prof, self.device))
+        self.channel.window(self.iteration, int(time.time() * 1000), profiler_events(prof, self.device),
+                            steps=self.active)
         self.windows += 1
 
     def step(self, iteration: int) -> None:

@@ -206,7 +206,13 @@ class Incident:
             stretch = f"; its group's collectives {self.ratio:.1f}x" if self.ratio > 1 else ""
             ratio = f" (last by {self.evidence['lead_ms']:.1f} ms{stretch})"
         again = f"intermittent ({self.episodes} episodes) " if self.intermittent else ""
-        return f"{again}{self.cls.label}: {rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
+        host = "host-side " if self.host_side else ""
+        return f"{again}{host}{self.cls.label}: {rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
+
+    @property
+    def host_side(self) -> bool:
+        """A stall the kernel windows show as the host's (the GPUs idle, no kernel launched)."""
+        return "host_gap_ms" in self.evidence
 
     @property
     def action(self) -> str:
@@ -215,6 +221,10 @@ class Incident:
                                         Ranks=rank_phrase(self.ranks, capital=True))
         if self.evidence.get("ambiguous"):
             text += " No timing separates these machines: check each."
+        if self.host_side:
+            text = (f"Do not drain the GPUs: the host of {self.where} stopped launching kernels for "
+                    f"{self.evidence['host_gap_ms']:g} ms (a JIT compile, GC, a data loader); look at its "
+                    f"processes if it repeats.")
         return text
 
     def briefing(self) -> list[str]:

@@ -37,12 +37,15 @@ class Fault:
     end: int | None = None
     every: int | None = None
     repeats: int = 1
+    host_side: bool = False   # transient_stall only: the host stopped launching (JIT, GC); kernels normal
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Fault):
             return NotImplemented
-        return (self.kind, self.stage, self.factor, self.start, self.end, self.every, self.repeats) == \
-            (other.kind, other.stage, other.factor, other.start, other.end, other.every, other.repeats) \
+        return (self.kind, self.stage, self.factor, self.start, self.end, self.every, self.repeats,
+                self.host_side) == \
+            (other.kind, other.stage, other.factor, other.start, other.end, other.every, other.repeats,
+             other.host_side) \
             and np.array_equal(self.ranks, other.ranks)
 
     __hash__ = None  # type: ignore[assignment]
@@ -66,7 +69,8 @@ class Fault:
                 "stage": self.stage, "factor": float(self.factor),
                 "start": int(self.start), "end": None if self.end is None else int(self.end),
                 "every": self.every, "repeats": int(self.repeats),
-                "episodes": [[int(a), None if b is None else int(b)] for a, b in self.episodes]}
+                "episodes": [[int(a), None if b is None else int(b)] for a, b in self.episodes],
+                **({"host_side": True} if self.host_side else {})}
 
 
 @dataclass(frozen=True)

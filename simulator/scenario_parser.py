@@ -21,7 +21,7 @@ DEFAULT_HOST_PATTERN = "gpu-node-{node:05d}"
 _TOP_KEYS = {"description", "topology", "run", "model", "fault", "event", "kernel_fault"}
 _RUN_KEYS = {"job", "iterations", "seed", "kernel_every"}
 _KERNEL_FAULT_KEYS = {"ranks", "node", "pp", "stage", "factor", "start", "end"}
-_FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats"}
+_FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats", "host_side"}
 _EVENT_KEYS = {"name", "at", "node", "rank", "severity", "source", "text"}
 
 
@@ -199,8 +199,12 @@ class ScenarioParser:
             if every <= end - start:
                 raise self.fail((*p, "every"), f"every ({every}) must exceed the episode length "
                                                f"({end - start}): the episodes would overlap")
+        host_side = d.get("host_side", False)
+        if not isinstance(host_side, bool) or (host_side and kind != "transient_stall"):
+            raise self.fail((*p, "host_side"), "true or false, and true only for a transient_stall (the host "
+                                               "stopped launching kernels: JIT, GC, a data loader)")
         return Fault(kind=kind, ranks=ranks, stage=stage, factor=float(factor), start=start, end=end,
-                     every=every, repeats=int(repeats))
+                     every=every, repeats=int(repeats), host_side=host_side)
 
     def selector(self, d: dict[str, Any], p: tuple[Any, ...], topo: Topology, kind: str) -> np.ndarray:
         given = [k for k in ("ranks", "node", "pp") if k in d]

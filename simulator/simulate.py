@@ -153,7 +153,7 @@ def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0:
         if frame is not None and scenario.kernel_every and (res.iteration + 1) % scenario.kernel_every == 0:
             tags = frame[[c for c in schema.RANK_TAGS if c in frame.columns]]
             writer.post_kernels(*kernel_frame(tags, np.stack(recent), res.iteration, stamp, sim.stages,
-                                              scenario.kernel_faults))
+                                              scenario.kernel_faults, [f for f in scenario.faults if f.host_side]))
         if res.iteration in events_at:
             writer.post_events(events_frame(scenario.job, events_at[res.iteration], stamp, scenario.topology))
         truth.times_ms.append(stamp)

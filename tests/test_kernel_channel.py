@@ -142,6 +142,7 @@ class _FailingOnce:
 
 
 def test_a_failed_write_is_retried_without_counting_its_windows_twice(influx_store):
+    from analyzer.job_analyzer import JobAnalyzer
     from analyzer.service.kernel_cycle import KernelCycle
 
     topo = Topology(dp=8, gpus_per_node=4)
@@ -150,9 +151,9 @@ def test_a_failed_write_is_retried_without_counting_its_windows_twice(influx_sto
     for k, it in enumerate((9, 19, 29)):       # rank 5 slow in the window of 9 only
         influx_store.write_measurement(schema.KERNEL_STATS, _points(8, it, 3_600_000 + 60_000 * k,
                                                                      {5: 2.0} if it == 9 else None))
-    cycle = KernelCycle(_FailingOnce(influx_store))
-    assert cycle.run("c", topo) == 0 and "c" not in cycle.done          # the write failed: nothing moved
-    assert cycle.run("c", topo) == 1                                    # the retry: the same window
+    cycle, ja = KernelCycle(_FailingOnce(influx_store)), JobAnalyzer("c", topo, schema.DEFAULT_STAGES)
+    assert cycle.run("c", ja) == 0 and "c" not in cycle.done            # the write failed: nothing moved
+    assert cycle.run("c", ja) == 1                                      # the retry: the same window
     found = influx_store.read(schema.L3_KERNEL, "c")
     assert found[["iteration", "rank", "windows", "confirmed"]].values.tolist() == [[9, 5, 1, 0]]
 

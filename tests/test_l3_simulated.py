@@ -73,3 +73,40 @@ def test_kernel_faults_are_checked_when_the_scenario_is_built():
     assert "dataloader" not in names and names["mlp"] == ("mlp_gemm", "compute", "")
     assert names["dispatch"] == ("nccl:dispatch", "comm", "ep")
     assert np.all([k in ("compute", "comm") for _, k, _ in names.values()])
+
+
+def _stall_run(store, host_side: bool):
+    fault = {"kind": "transient_stall", "ranks": "8-15", "stage": "attention", "factor": 40.0, "start": 24,
+             "end": 25, "every": 10, "repeats": 4, "host_side": host_side}
+    sc = Scenario.from_dict({"topology": TOPOLOGY, "fault": [fault],
+                             "run": {"job": "stall", "iterations": 60, "seed": 3, "kernel_every": 5}})
+    simulate(sc, store, start_ms=T0, progress=False)
+    svc = AnalyzerService(store, jobs=["stall"])
+    for _ in range(2):   # live: windows and incidents come in their own order; the last cycle final
+        svc.cycle(final=_ == 1)
+    return svc, store.read(schema.INCIDENT, "stall"), store.read(schema.L3_KERNEL, "stall")
+
+
+def test_a_stall_of_the_host_is_said_to_be_the_hosts_not_the_gpus(influx_store):
+    svc, stored, found = _stall_run(influx_store, host_side=True)
+    (inc,) = svc.incidents()
+    assert inc.cls.value == "transient_stall" and inc.ranks == list(range(8, 16)) and inc.host_side
+    assert inc.evidence["host_gap_ms"] > 100 and "the host did not launch" in inc.evidence["summary"]
+    assert inc.action.startswith("Do not drain the GPUs")
+    assert stored["title"].str.contains("host-side").all() and len(stored) == 1
+    gaps = found[found["kernel"] == "launch_gap"]
+    assert set(gaps["rank"]) == set(range(8, 16)) and set(gaps["cause"]) == {"host"}
+    assert not (found["confirmed"] == 1).any()          # the gap explains, it does not page
+
+
+def test_a_stall_of_the_gpus_stays_the_gpus(influx_store):
+    svc, stored, found = _stall_run(influx_store, host_side=False)
+    (inc,) = svc.incidents()
+    assert inc.cls.value == "transient_stall" and not inc.host_side and "host-side" not in inc.title
+    assert not len(found) or "launch_gap" not in set(found["kernel"])
+
+
+def test_host_side_is_only_for_transient_stalls():
+    with pytest.raises(ScenarioError, match="only for a transient_stall"):
+        Scenario.from_dict({"topology": TOPOLOGY, "fault": [{"kind": "compute_slowdown", "ranks": "8-15",
+                                                             "stage": "mlp", "factor": 2.0, "host_side": True}]})

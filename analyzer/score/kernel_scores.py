@@ -24,10 +24,12 @@ Example::
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pandas as pd
 
+from analyzer.detect.fast_median import nanmedian
 from analyzer.score.kernel_distance import kernel_distances
 from rankscope.kernel_names import OTHER
 from rankscope.topology import Topology
@@ -62,6 +64,10 @@ def _modes(frame: pd.DataFrame, kernels: dict[str, int], rows: np.ndarray, world
     return tuple(out)
 
 
+#: A launch gap (the device idle between kernels) is a host stall from this long (us), and this
+#: many times its group's median gap.
+MIN_GAP_US = 50_000.0
+GAP_FACTOR = 10.0
 #: Share of a collective's group that must stand out together for the collective itself (its
 #: link) to be slow; fewer are members that waited for a late peer.
 LINK_SHARE = 0.75
@@ -76,10 +82,41 @@ def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, ...]], topo
     outside the topology is left out). ``names``: kernel id -> (name, kind[, collective group
     kind]). A rank must also lose ``min_cost_us`` in the window to it (shift x its events): a
     tiny operator that the OS scheduler doubles now and then is no finding. Kernels that fewer
-    than three ranks ran are not scored (nothing to compare). ``cause``: see :func:`causes`."""
+    than three ranks ran are not scored (nothing to compare). ``cause``: see :func:`causes`; and
+    the ranks of long launch gaps (:func:`launch_gaps`)."""
     ranks = pd.to_numeric(frame["rank"], errors="coerce").to_numpy()
     keep = np.isfinite(ranks) & (ranks >= 0) & (ranks < topo.world)
     frame, rows = frame[keep], ranks[keep].astype(np.int64)
+    gaps = launch_gaps(frame, rows, topo, group_kind)
+    found = _kernel_rows(frame, rows, names, topo, group_kind, fence, min_shift, min_cost_us)
+    return pd.concat([f for f in (found, gaps) if len(f)] or [found], ignore_index=True)
+
+
+def launch_gaps(frame: pd.DataFrame, rows: np.ndarray, topo: Topology, group_kind: str = "dp") -> pd.DataFrame:
+    """Ranks whose device idled far longer than their group's between two kernels in the window
+    (``gap_max_us``): the host stopped launching (a JIT compile, GC, a data loader). A finding
+    of kind and cause ``host``, never confirmed by itself: it explains a stall the stage times
+    saw, rather than blaming the GPU."""
+    if "gap_max_us" not in frame.columns:
+        return pd.DataFrame(columns=COLUMNS)
+    gap = np.full(topo.world, np.nan)
+    gap[rows] = pd.to_numeric(frame["gap_max_us"], errors="coerce").to_numpy(float)
+    gap[~(gap >= 0)] = np.nan
+    gids = topo.group_ids(group_kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = nanmedian(gap[topo.members(group_kind)], axis=1)[gids]
+    hit = np.flatnonzero((gap >= MIN_GAP_US) & (gap >= GAP_FACTOR * np.fmax(ref, 1.0)))
+    return pd.DataFrame({
+        "rank": hit, "kernel": "launch_gap", "name": "launch gap (no kernel running: the host did not launch)",
+        "kind": "host", "cause": "host", "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
+        "w1_us": gap[hit], "shift_us": gap[hit] - ref[hit], "ref_median_us": ref[hit],
+        "ratio": gap[hit] / np.fmax(ref[hit], 1.0), "group_type": group_kind, "group_id": gids[hit].astype(np.int64)})
+
+
+def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[str, ...]], topo: Topology,
+                 group_kind: str, fence: float, min_shift: float, min_cost_us: float) -> pd.DataFrame:
+    """The kernel findings of :func:`kernel_findings`."""
     kernels = kernel_columns(frame.columns)
     if not kernels:
         return pd.DataFrame(columns=COLUMNS)

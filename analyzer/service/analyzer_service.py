@@ -224,7 +224,7 @@ class AnalyzerService:
             report.iterations[job] = report.iterations.get(job, 0) + out.iterations
             report.changepoints += len(out.changepoints)
             report.incidents += list(out.incidents.values())
-        self.kernels.run(job, ja.topo, final, self.readers.get(job))
+        self.kernels.run(job, ja, final, self.readers.get(job))
         report.write_s += time.perf_counter() - t0
 
     def _feed(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs,
@@ -364,7 +364,7 @@ class AnalyzerService:
             try:
                 if job in self.rollups:
                     self.rollups[job].flush(self.store, ja.last_time_ms, now_ms, final=True, force=True)
-                self.kernels.run(job, ja.topo, final=True, reader=reader)   # its last kernel windows
+                self.kernels.run(job, ja, final=True, reader=reader)   # its last kernel windows
                 out.write(self.store)
             except Exception as exc:  # noqa: BLE001 - tried again next cycle, state kept
                 log.error("job %s: storing its end failed: %s: %s", job, type(exc).__name__, exc)

@@ -20,10 +20,12 @@ import logging
 import numpy as np
 import pandas as pd
 
+from analyzer.job_analyzer import JobAnalyzer
 from analyzer.score.kernel_scores import kernel_columns, kernel_findings
+from analyzer.write.rollups import incident_host_frame
 from rankscope import schema
+from rankscope.incident import incidents_frame
 from rankscope.store import Store
-from rankscope.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +53,22 @@ class KernelCycle:
         self.streaks: dict[str, dict[tuple[int, str], tuple[int, int]]] = {}
         self.windows: dict[str, int] = {}
 
-    def run(self, job: str, topo: Topology, final: bool = False, reader: object = None) -> int:
-        """Score the job's complete windows not scored yet; how many findings were written.
-        ``reader``: the job's stage reader (a fresh analyzer starts where its replay starts).
+    def run(self, job: str, ja: JobAnalyzer, final: bool = False, reader: object = None) -> int:
+        """Score the job's complete windows not scored yet; how many findings were written. The
+        launch gaps found explain the job analyzer's transient stalls as host-side ones (those
+        incidents are written again). ``reader``: the job's stage reader (a fresh analyzer starts
+        where its replay starts).
         A failure to read or write is logged and tried again next cycle, with the streaks as they
         were: L3 never holds up L1 and L2, and a retry counts no window twice."""
         since = getattr(getattr(reader, "replay", None), "cursor_ms", None)
         try:
-            return self._run(job, topo, final, since, getattr(reader, "read_until", None))
+            return self._run(job, ja, final, since, getattr(reader, "read_until", None))
         except Exception as exc:  # noqa: BLE001 - logged; the windows are scored next cycle
             log.error("job %s: kernel analysis (L3) failed: %s: %s", job, type(exc).__name__, exc)
             return 0
 
-    def _run(self, job: str, topo: Topology, final: bool, since_ms: int | None, until_ms: int | None) -> int:
+    def _run(self, job: str, ja: JobAnalyzer, final: bool, since_ms: int | None, until_ms: int | None) -> int:
+        topo = ja.topo
         frame = self._read(job, since_ms)
         if not len(frame) or IT not in frame.columns:
             if until_ms is not None and job not in self.done:   # none yet: later reads start near the stages'
@@ -82,9 +87,15 @@ class KernelCycle:
             n += 1
             f = streaks(held, n, f)
             if len(f):
-                found.append(f.assign(time=int(w["time"].max()), job=job, iteration=int(it)))
+                steps = int(pd.to_numeric(w.get("steps", pd.Series([1])), errors="coerce").max() or 1)
+                found.append(f.assign(time=int(w["time"].max()), job=job, iteration=int(it), steps=steps))
         if found:
-            self.store.write_measurement(schema.L3_KERNEL, pd.concat(found, ignore_index=True))
+            rows = pd.concat(found, ignore_index=True)
+            self.store.write_measurement(schema.L3_KERNEL, rows.drop(columns="steps"))
+            explained = ja.note_host_gaps(rows[rows["kernel"] == "launch_gap"])
+            if explained:
+                self.store.write_measurement(schema.INCIDENT, incidents_frame(explained))
+                self.store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(explained))
         if todo:   # stored: the streaks and the cursor move on
             self.streaks[job], self.windows[job] = held, n
             self.done[job] = int(todo[-1][1]["time"].max())

@@ -18,8 +18,9 @@ from collector.kernel_channel import KernelChannel
 from collector.kineto.parse import DEVICE_CATS, ParsedTrace
 from rankscope import schema
 
-#: One window: (its last step's number, its end in epoch ms, its events as (name, us)).
-Window = tuple[int, int, list[tuple[str, float]]]
+#: One window: (its last step's number, its end in epoch ms, its events as (name, us, start us),
+#: its steps).
+Window = tuple[int, int, list[tuple[str, float, float]], int]
 
 
 def trace_windows(trace: ParsedTrace, end_ms: Sequence[float], steps_per_window: int) -> list[Window]:
@@ -39,7 +40,8 @@ def trace_windows(trace: ParsedTrace, end_ms: Sequence[float], steps_per_window:
         chunk = trace.steps[k:k + steps_per_window]
         inside = (ts >= chunk[0][0]) & (ts < chunk[-1][1])
         out.append((int(chunk[-1][2]), int(round(end_ms[k + len(chunk) - 1])),
-                    list(zip(names[inside].tolist(), dur[inside].tolist(), strict=True))))
+                    list(zip(names[inside].tolist(), dur[inside].tolist(), ts[inside].tolist(), strict=True)),
+                    len(chunk)))
     return out
 
 
@@ -55,8 +57,8 @@ def kernel_points(windows: Mapping[int, list[Window]], rows: pd.DataFrame,
         if rank not in tags.index:
             continue
         channel = KernelChannel({"rank": int(rank), **tags.loc[rank].to_dict()})
-        for it, end, events in wins:
-            point, new = channel.window(it + iteration_offset, end, events)
+        for it, end, events, steps in wins:
+            point, new = channel.window(it + iteration_offset, end, events, steps)
             points.append(point)
             names.update({n["kernel"]: n for n in new})
     return pd.DataFrame(points), pd.DataFrame(list(names.values()))
