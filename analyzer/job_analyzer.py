@@ -19,6 +19,7 @@ from analyzer.detect.window import Window
 from analyzer.diagnosis import Diagnoser, Observation
 from analyzer.diagnosis.event_verdicts import OutOfBandEvent
 from analyzer.diagnosis.host_gaps import explain_stalls
+from analyzer.diagnosis.kernel_evidence import attach_kernels
 from analyzer.score.impact import ImpactTracker
 from analyzer.score.l2_points import l2_frames, l2_rank_frame, window_medians
 from analyzer.score.rank_scores import RankScorer, RankScores
@@ -156,10 +157,14 @@ class JobAnalyzer:
             if inc.is_open:
                 self.impact.adopt(inc)
 
-    def note_host_gaps(self, gaps: pd.DataFrame) -> list[Incident]:
-        """Launch gaps the kernel windows found (L3): the transient stalls they explain become
-        host-side ones (:mod:`analyzer.diagnosis.host_gaps`); the incidents changed."""
-        return explain_stalls(self._diag.incidents, gaps)
+    def note_kernels(self, findings: pd.DataFrame) -> list[Incident]:
+        """What the kernel windows found (L3): launch gaps make the transient stalls they explain
+        host-side (:mod:`analyzer.diagnosis.host_gaps`); confirmed kernels on an open incident's
+        culprits join its evidence (:mod:`analyzer.diagnosis.kernel_evidence`). The incidents changed."""
+        gaps = findings[findings["kernel"] == "launch_gap"] if len(findings) else findings
+        changed = {i.id: i for i in explain_stalls(self._diag.incidents, gaps)}
+        changed.update({i.id: i for i in attach_kernels(self._diag.incidents, findings)})
+        return list(changed.values())
 
     def add_events(self, events: list[OutOfBandEvent]) -> None:
         """Out-of-band events to judge against the incidents."""

@@ -124,6 +124,10 @@ def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
                                                 f"episodes, last from {incident.last_onset})"),
              ("Cost", incident.cost.removeprefix("Cost: ") or "not known (no iterations before the onset)"),
              ("Resolved iteration", incident.resolved_iteration if incident.resolved_iteration >= 0 else "open")]
+    facts += [("Kernels (L3)", "; ".join(f"{k['kernel']} {k['ratio']:g}x ({k['kind']}, {k['cause']}, rank(s) "
+                                         f"{k['ranks']})" for k in ev["kernels"]))] if ev.get("kernels") else []
+    facts += [("Host-side", f"the GPUs ran no kernel for {ev['host_gap_ms']:g} ms: the host did not launch")] \
+        if "host_gap_ms" in ev else []
     shown = {k: ev[k] for k in ("stage", "ratio", "culprit_ms", "group_median_ms") if k in ev}
     return _TEMPLATES.get_template("report.html.j2").render(
         incident=incident, action=action, facts=facts, ranks=ranks,

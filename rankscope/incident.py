@@ -255,6 +255,9 @@ class Incident:
     @property
     def text(self) -> str:
         parts = [self.evidence.get("summary", self.title)]
+        if self.evidence.get("kernels"):
+            parts.append("Kernels (L3): " + "; ".join(f"{k['kernel'][:80]} {k['ratio']:g}x its group's ({k['cause']}, "
+                                                      f"rank(s) {k['ranks']})" for k in self.evidence["kernels"]) + ".")
         if self.cost:
             parts.append(self.cost)
         if self.host_record:

@@ -108,3 +108,17 @@ def test_a_database_that_cannot_be_built_fails_loudly_once_for_every_test(monkey
         with pytest.raises((ImportError, RuntimeError), match="simulator.simulate is broken"):
             il0477_store.shared_incident("http://nowhere:1", lambda drop: None)
     assert calls == ["http://nowhere:1"]
+
+
+def test_the_incident_names_its_kernels_from_the_kernel_windows(il0477):
+    """IL-0477's data carries kernel windows (every 5 iterations): L3 confirms the culprits' mlp
+    kernel (windows 34 and 39) and the incident names it beside L2's stage, in its text too."""
+    store, job = il0477
+    (inc,) = load_incidents(store, job)
+    kernels = inc.evidence["kernels"]
+    assert kernels[0]["kernel"] == "mlp_gemm" and kernels[0]["cause"] == "own"
+    assert kernels[0]["ranks"] == "10352-10359" and kernels[0]["ratio"] > 4
+    assert "Kernels (L3): mlp_gemm" in inc.text
+    found = store.read(schema.L3_KERNEL, job)
+    confirmed = found[found["confirmed"] == 1]
+    assert set(confirmed["rank"]) == set(range(10352, 10360)) and set(confirmed["host"]) == {"gpu-node-01294"}

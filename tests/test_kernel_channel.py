@@ -109,8 +109,11 @@ def test_a_real_gloo_run_names_the_rank_and_operator_that_degraded(kernel_run):
     late = confirmed[confirmed["iteration"] > cfg.slow_from]
     assert ("moe.expert_ffn", 2) in set(zip(late["name"], late["rank"], strict=True)), shown
     assert confirmed.loc[confirmed["ratio"].idxmax(), "rank"] == 2, shown
-    assert not len(confirmed[(confirmed["name"] == "moe.expert_ffn") & (confirmed["iteration"] < cfg.slow_from)])
     row = late[late["name"] == "moe.expert_ffn"].iloc[0]
+    # before it slowed, a process starved of CPU on the shared cores may stand out two windows in a
+    # row (really slower, a finding); far less than the fault does
+    early = confirmed[confirmed["iteration"] < cfg.slow_from]
+    assert (early["ratio"] < 0.5 * row["ratio"]).all(), shown
     assert row["kind"] == "compute" and row["group_type"] == "dp" and row["ratio"] > 1.5 and row["host"]
 
 

@@ -68,9 +68,9 @@ def _modes(frame: pd.DataFrame, kernels: dict[str, int], rows: np.ndarray, world
 #: many times its group's median gap.
 MIN_GAP_US = 50_000.0
 GAP_FACTOR = 10.0
-#: Share of a collective's group that must stand out together for the collective itself (its
-#: link) to be slow; fewer are members that waited for a late peer.
-LINK_SHARE = 0.75
+#: A collective is slow in itself only if its group's fastest member takes at least this share of
+#: the group's median (a member that arrived last, the others waiting for it, is far faster).
+LINK_FLOOR = 0.5
 COLUMNS = ["rank", "kernel", "name", "kind", "cause", "host", "w1_us", "shift_us", "ref_median_us", "ratio",
            "group_type", "group_id"]
 
@@ -128,6 +128,7 @@ def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[s
     if not ran.any():
         return pd.DataFrame(columns=COLUMNS)
     count, p50, p99, ids = count[ran], p50[ran], p99[ran], np.array(list(kernels))[ran]
+    present = valid[ran].any(axis=2)                             # [K, R]: the rank ran the kernel
     gids = topo.group_ids(group_kind)
     d = kernel_distances(count, p50, p99, topo.members(group_kind), gids, fence=fence, min_shift=min_shift)
     events = np.nansum(np.where(count > 0, count, 0.0), axis=2)
@@ -139,20 +140,23 @@ def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[s
     ref = d.ref_median_us[ki, hit]
     return pd.DataFrame({
         "rank": hit, "kernel": ids[ki], "name": [i[0] for i in info], "kind": [i[1] for i in info],
-        "cause": causes(hits, ki, hit, [i[1] for i in info], [i[2] or group_kind for i in info], topo),
+        "cause": causes(hits, present, d.ref_median_us + d.shift_us, ki, hit, [i[1] for i in info],
+                        [i[2] or group_kind for i in info], topo),
         "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
         "w1_us": d.w1_us[ki, hit], "shift_us": d.shift_us[ki, hit], "ref_median_us": ref,
         "ratio": (ref + d.shift_us[ki, hit]) / ref, "group_type": group_kind,
         "group_id": gids[hit].astype(np.int64)}).sort_values("w1_us", ascending=False, ignore_index=True)
 
 
-def causes(hits: np.ndarray, ki: np.ndarray, hit: np.ndarray, kinds: list[str], collective: list[str],
-           topo: Topology) -> list[str]:
+def causes(hits: np.ndarray, present: np.ndarray, level: np.ndarray, ki: np.ndarray, hit: np.ndarray,
+           kinds: list[str], collective: list[str], topo: Topology) -> list[str]:
     """Whether each finding's slowness is the kernel's own: ``own`` for compute; for a collective,
-    the arrival rule: its members all end together, so if (nearly) all of the collective's group
-    stand out together, the collective itself is slow (``link``: no one waited), and if only some
-    do, they waited for a late peer (``wait``: victims, not culprits); ``unknown`` for a kernel
-    whose name (and so kind) has not reached the database.
+    the arrival rule: its members all end together, and the last to arrive waits least. So the
+    collective itself is slow (``link``) only when every member of its group that ran it stands
+    out and evenly, its fastest member (``level``: each rank's mean duration, ``[K, R]``) at
+    least ``LINK_FLOOR`` of the group's median: no one waited. Otherwise the slow members waited
+    for the late ones (``wait``: victims, not culprits; a straggler that also waits somewhat is
+    the group's fastest). ``unknown`` for a kernel whose name (and so kind) has not come.
 
     A collective whose group kind is not known (the live channel cannot tell it from a kernel's
     name) is taken as data parallel, the group the ranks are scored in, where at most half of the
@@ -170,5 +174,8 @@ def causes(hits: np.ndarray, ki: np.ndarray, hit: np.ndarray, kinds: list[str], 
             except ValueError:   # a group kind the topology does not know: the data-parallel one
                 groups[coll] = topo.members("dp"), topo.group_ids("dp")
         members, gids = groups[coll]
-        out.append("link" if hits[k, members[gids[r]]].mean() >= LINK_SHARE else "wait")
+        mine = members[gids[r]]
+        mine = mine[present[k, mine]]
+        even = len(mine) > 1 and np.nanmin(level[k, mine]) >= LINK_FLOOR * np.nanmedian(level[k, mine])
+        out.append("link" if even and hits[k, mine].all() else "wait")
     return out

@@ -55,8 +55,8 @@ class KernelCycle:
 
     def run(self, job: str, ja: JobAnalyzer, final: bool = False, reader: object = None) -> int:
         """Score the job's complete windows not scored yet; how many findings were written. The
-        launch gaps found explain the job analyzer's transient stalls as host-side ones (those
-        incidents are written again). ``reader``: the job's stage reader (a fresh analyzer starts
+        findings go to the job's analyzer too (:meth:`JobAnalyzer.note_kernels`: host-side
+        stalls, the kernels of its incidents); the incidents that changed are written again. ``reader``: the job's stage reader (a fresh analyzer starts
         where its replay starts).
         A failure to read or write is logged and tried again next cycle, with the streaks as they
         were: L3 never holds up L1 and L2, and a retry counts no window twice."""
@@ -92,7 +92,7 @@ class KernelCycle:
         if found:
             rows = pd.concat(found, ignore_index=True)
             self.store.write_measurement(schema.L3_KERNEL, rows.drop(columns="steps"))
-            explained = ja.note_host_gaps(rows[rows["kernel"] == "launch_gap"])
+            explained = ja.note_kernels(rows)
             if explained:
                 self.store.write_measurement(schema.INCIDENT, incidents_frame(explained))
                 self.store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(explained))
