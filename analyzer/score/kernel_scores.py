@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.detect.fast_median import nanmedian
-from analyzer.score.kernel_distance import kernel_distances
+from analyzer.score.kernel_distance import CHUNK_KERNELS, kernel_distances
 from rankscope.kernel_names import OTHER
 from rankscope.topology import Topology
 
@@ -50,17 +50,18 @@ def kernel_columns(columns) -> dict[str, int]:
 
 
 def _modes(frame: pd.DataFrame, kernels: dict[str, int], rows: np.ndarray, world: int) -> tuple[np.ndarray, ...]:
-    """``count``, ``p50``, ``p99`` ``[K, world, M]`` of the kernels (NaN where absent)."""
-    m = max(kernels.values())
-    out = []
-    for part in ("n", "p50", "p99"):
-        a = np.full((len(kernels), world, m), np.nan)
-        for i, (kid, modes) in enumerate(kernels.items()):
-            for j in range(modes):
-                col = f"{kid}_m{j}_{part}"
-                if col in frame.columns:
-                    a[i, rows, j] = pd.to_numeric(frame[col], errors="coerce").to_numpy(float)
-        out.append(a)
+    """``count``, ``p50``, ``p99`` ``[K, world, M]`` (float32) of the kernels; a mode that is
+    absent, or has no events or a duration that is not a positive finite number (bad input), is
+    NaN in ``count``: no mode."""
+    out = [np.full((len(kernels), world, max(kernels.values())), np.nan, dtype=np.float32) for _ in range(3)]
+    missing = pd.Series(np.nan, index=frame.index)
+    for i, (kid, modes) in enumerate(kernels.items()):
+        for j in range(modes):
+            n, p50, p99 = (pd.to_numeric(frame.get(f"{kid}_m{j}_{part}", missing), errors="coerce").to_numpy(float)
+                           for part in ("n", "p50", "p99"))
+            ok = (n > 0) & (p50 > 0) & (p99 > 0) & np.isfinite(n + p50 + p99)
+            out[0][i, rows, j] = np.where(ok, n, np.nan)
+            out[1][i, rows, j], out[2][i, rows, j] = p50, p99
     return tuple(out)
 
 
@@ -86,7 +87,9 @@ def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, ...]], topo
     the ranks of long launch gaps (:func:`launch_gaps`)."""
     ranks = pd.to_numeric(frame["rank"], errors="coerce").to_numpy()
     keep = np.isfinite(ranks) & (ranks >= 0) & (ranks < topo.world)
-    frame, rows = frame[keep], ranks[keep].astype(np.int64)
+    if not keep.all():   # (a copy of a 12,960 x 1,200 frame is not free: only when needed)
+        frame = frame[keep]
+    rows = ranks[keep].astype(np.int64)
     gaps = launch_gaps(frame, rows, topo, group_kind)
     found = _kernel_rows(frame, rows, names, topo, group_kind, fence, min_shift, min_cost_us)
     return pd.concat([f for f in (found, gaps) if len(f)] or [found], ignore_index=True)
@@ -116,36 +119,37 @@ def launch_gaps(frame: pd.DataFrame, rows: np.ndarray, topo: Topology, group_kin
 
 def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[str, ...]], topo: Topology,
                  group_kind: str, fence: float, min_shift: float, min_cost_us: float) -> pd.DataFrame:
-    """The kernel findings of :func:`kernel_findings`."""
-    kernels = kernel_columns(frame.columns)
-    if not kernels:
+    """The kernel findings of :func:`kernel_findings`, a few kernels at a time (their arrays
+    stay in the caches, and nothing of the size of the whole window is allocated)."""
+    kernels = list(kernel_columns(frame.columns).items())
+    gids, members = topo.group_ids(group_kind), topo.members(group_kind)
+    found = []
+    for i in range(0, len(kernels), CHUNK_KERNELS):
+        chunk = dict(kernels[i:i + CHUNK_KERNELS])
+        count, p50, p99 = _modes(frame, chunk, rows, topo.world)
+        present = np.isfinite(count).any(axis=2)                 # [K, R]: the rank ran the kernel
+        ran = present.sum(axis=1) >= 3
+        if not ran.any():
+            continue
+        count, p50, p99, present, ids = count[ran], p50[ran], p99[ran], present[ran], np.array(list(chunk))[ran]
+        d = kernel_distances(count, p50, p99, members, gids, fence=fence, min_shift=min_shift)
+        hits = d.outlier & (d.shift_us * np.nansum(count, axis=2) >= min_cost_us)
+        ki, hit = np.nonzero(hits)
+        if not hit.size:
+            continue
+        info = [tuple(names.get(str(kid), (str(kid), "unknown"))) + ("",) for kid in ids[ki]]
+        ref = d.ref_median_us[ki, hit]
+        found.append(pd.DataFrame({
+            "rank": hit, "kernel": ids[ki], "name": [x[0] for x in info], "kind": [x[1] for x in info],
+            "cause": causes(hits, present, d.ref_median_us + d.shift_us, ki, hit, [x[1] for x in info],
+                            [x[2] or group_kind for x in info], topo),
+            "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
+            "w1_us": d.w1_us[ki, hit], "shift_us": d.shift_us[ki, hit], "ref_median_us": ref,
+            "ratio": (ref + d.shift_us[ki, hit]) / ref, "group_type": group_kind,
+            "group_id": gids[hit].astype(np.int64)}))
+    if not found:
         return pd.DataFrame(columns=COLUMNS)
-    count, p50, p99 = _modes(frame, kernels, rows, topo.world)
-    # a mode with no events or a duration that is not a positive number is no mode (bad input)
-    valid = np.isfinite(count) & (count > 0) & np.isfinite(p50) & (p50 > 0) & np.isfinite(p99) & (p99 > 0)
-    count = np.where(valid, count, np.nan)
-    ran = valid.any(axis=2).sum(axis=1) >= 3
-    if not ran.any():
-        return pd.DataFrame(columns=COLUMNS)
-    count, p50, p99, ids = count[ran], p50[ran], p99[ran], np.array(list(kernels))[ran]
-    present = valid[ran].any(axis=2)                             # [K, R]: the rank ran the kernel
-    gids = topo.group_ids(group_kind)
-    d = kernel_distances(count, p50, p99, topo.members(group_kind), gids, fence=fence, min_shift=min_shift)
-    events = np.nansum(np.where(count > 0, count, 0.0), axis=2)
-    hits = d.outlier & (d.shift_us * events >= min_cost_us)
-    ki, hit = np.nonzero(hits)
-    if not hit.size:
-        return pd.DataFrame(columns=COLUMNS)
-    info = [tuple(names.get(str(kid), (str(kid), "unknown"))) + ("",) for kid in ids[ki]]
-    ref = d.ref_median_us[ki, hit]
-    return pd.DataFrame({
-        "rank": hit, "kernel": ids[ki], "name": [i[0] for i in info], "kind": [i[1] for i in info],
-        "cause": causes(hits, present, d.ref_median_us + d.shift_us, ki, hit, [i[1] for i in info],
-                        [i[2] or group_kind for i in info], topo),
-        "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
-        "w1_us": d.w1_us[ki, hit], "shift_us": d.shift_us[ki, hit], "ref_median_us": ref,
-        "ratio": (ref + d.shift_us[ki, hit]) / ref, "group_type": group_kind,
-        "group_id": gids[hit].astype(np.int64)}).sort_values("w1_us", ascending=False, ignore_index=True)
+    return pd.concat(found, ignore_index=True).sort_values("w1_us", ascending=False, ignore_index=True)
 
 
 def causes(hits: np.ndarray, present: np.ndarray, level: np.ndarray, ki: np.ndarray, hit: np.ndarray,
