@@ -16,6 +16,7 @@ from analyzer.service.analyzer_service import run_once
 from collector.untrusted.plain_unpickle import loads_plain
 from rankscope.cli import main as cli_main
 from rankscope.store import EmbeddedStore
+from tests.torch_alone import alone
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD, ITERATIONS, SLOW_RANK, SLOW_FROM = 4, 40, 2, 15
@@ -24,10 +25,11 @@ WORLD, ITERATIONS, SLOW_RANK, SLOW_FROM = 4, 40, 2, 15
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("fr_gloo")
-    p = subprocess.run([sys.executable, "-m", "tests.fr_gloo_job", str(folder), "--world", str(WORLD),
-                        "--hosts", "2", "--iterations", str(ITERATIONS), "--slow-rank", str(SLOW_RANK),
-                        "--slow-from", str(SLOW_FROM), "--step-ms", "20", "--factor", "4"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    with alone():
+        p = subprocess.run([sys.executable, "-m", "tests.fr_gloo_job", str(folder), "--world", str(WORLD),
+                            "--hosts", "2", "--iterations", str(ITERATIONS), "--slow-rank", str(SLOW_RANK),
+                            "--slow-from", str(SLOW_FROM), "--step-ms", "20", "--factor", "4"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return folder
 

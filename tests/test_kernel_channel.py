@@ -14,6 +14,7 @@ from collector.kernel_channel import KernelChannel
 from rankscope import schema
 from rankscope.kernel_names import MAX_NAME, OTHER, kernel_id, kernel_kind
 from rankscope.topology import Topology
+from tests.torch_alone import alone
 
 
 def _events(rng, name: str, us: float, n: int = 40) -> list[tuple[str, float]]:
@@ -88,7 +89,8 @@ def kernel_run(influx_url):
     cfg = DemoConfig(job="kernel-run", store=influx_url, bucket=store.bucket, world=4, iterations=30,
                      slow_rank=2, slow_from=15, slow_factor=36, kernel_every=5, kernel_active=3)
     try:
-        run_demo(cfg)
+        with alone():
+            run_demo(cfg)
         svc = AnalyzerService(store, jobs=[cfg.job])
         svc.cycle(final=True)
         yield cfg, store

@@ -33,6 +33,7 @@ from tests.kineto_gpu_traces import (
     WORLD,
     gpu_traces,
 )
+from tests.torch_alone import alone
 
 SLOW_RANK, SLOW_FROM = 1, 4
 
@@ -43,7 +44,8 @@ def traces(tmp_path_factory):
     folder = tmp_path_factory.mktemp("traces")
     cfg = DemoConfig(world=4, iterations=8, instrument=False, profile_dir=str(folder),
                      slow_rank=SLOW_RANK, slow_from=SLOW_FROM, slow_factor=300)
-    res = run_demo(cfg)
+    with alone():
+        res = run_demo(cfg)
     paths = [r.trace for r in res.ranks]
     assert all(paths)
     return paths

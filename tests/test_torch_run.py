@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from evaluation.torch_demo import DEMO_STAGES, DemoConfig, run_demo
+from tests.torch_alone import alone
 
 SLOW_RANK, SLOW_FROM, ITERATIONS, WORLD = 5, 15, 40, 8
 
@@ -27,7 +28,8 @@ def demo_run(influx_url):
     cfg = DemoConfig(job="torch-run", store=influx_url, bucket=store.bucket, world=WORLD,
                      iterations=ITERATIONS, slow_rank=SLOW_RANK, slow_from=SLOW_FROM)
     try:
-        result = run_demo(cfg)
+        with alone():
+            result = run_demo(cfg)
         yield cfg, result, store
     finally:
         store.drop_database()
