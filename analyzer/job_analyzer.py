@@ -157,11 +157,11 @@ class JobAnalyzer:
             if inc.is_open:
                 self.impact.adopt(inc)
 
-    def note_kernels(self, findings: pd.DataFrame) -> list[Incident]:
-        """What the kernel windows found (L3): launch gaps make the transient stalls they explain
-        host-side (:mod:`analyzer.diagnosis.host_gaps`); confirmed kernels on an open incident's
-        culprits join its evidence (:mod:`analyzer.diagnosis.kernel_evidence`). The incidents changed."""
-        gaps = findings[findings["kernel"] == "launch_gap"] if len(findings) else findings
+    def note_kernels(self, findings: pd.DataFrame, gaps: pd.DataFrame) -> list[Incident]:
+        """What the kernel windows found (L3): launch gaps (``gaps``, with the analyzer's
+        ``step``) make the transient stalls they explain host-side
+        (:mod:`analyzer.diagnosis.host_gaps`); confirmed kernels on an open incident's culprits
+        join its evidence (:mod:`analyzer.diagnosis.kernel_evidence`). The incidents changed."""
         changed = {i.id: i for i in explain_stalls(self._diag.incidents, gaps)}
         changed.update({i.id: i for i in attach_kernels(self._diag.incidents, findings)})
         return list(changed.values())

@@ -264,9 +264,9 @@ MEASUREMENTS: dict[str, Measurement] = {
         "time = window end",
     ),
     KERNEL_STATS: Measurement(
-        KERNEL_STATS, RANK_TAGS, {ITERATION_FIELD: "int", "events": "int"},
-        "one point per rank and window of profiled steps; besides iteration (the window's last step) "
-        "and events, per kernel id (k + 10 hex digits of its name's hash, or 'other' for the kernels "
+        KERNEL_STATS, RANK_TAGS, {ITERATION_FIELD: "int", "steps": "int", "events": "int", "gap_max_us": "float"},
+        "one point per rank and window of profiled steps; besides iteration (the window's last step), "
+        "steps, events and gap_max_us (the longest time the device ran none of them), per kernel id (k + 10 hex digits of its name's hash, or 'other' for the kernels "
         "past the top K) and mode j: <id>_m<j>_n (events, a float), <id>_m<j>_p50 and <id>_m<j>_p99 (us); "
         "time = the window's end",
     ),
@@ -281,8 +281,9 @@ MEASUREMENTS: dict[str, Measurement] = {
          "ref_median_us": "float", "ratio": "float", "group_type": "str", "group_id": "int",
          "iteration": "int", "windows": "int", "confirmed": "int"},
         "ranks whose kernel distribution stands out of their group's (L3); cause: own (compute), link (a "
-        "collective slow on all its members) or wait (some members: they waited for a late peer); windows: "
-        "in a row, confirmed: 1 from 2 windows in a row (never for wait); time = the window's end",
+        "collective slow on all its members, evenly) or wait (they waited for a late peer), or unknown; "
+        "kernel launch_gap (cause host): the device idle far longer than the group's; windows: in a row, "
+        "confirmed: 1 from 2 windows in a row (own and link only); time = the window's end",
     ),
     L2_KIND: Measurement(
         L2_KIND, ("job", "group_type", "stage"),

@@ -62,8 +62,10 @@ class KernelDistances:
 
 #: Kernels scored in one pass: their quantiles (ranks x kernels x quantiles) stay a few MB.
 CHUNK_KERNELS = 16
-#: Members of a group its reference is the median of, at most (evenly spread over the group).
+#: Members of a group its reference is the median of, at most (evenly spread over the group);
+#: a kernel fewer than ``MIN_SAMPLED`` of them ran takes all the group's members.
 REF_MEMBERS = 255
+MIN_SAMPLED = 64
 
 
 def kernel_distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, members: np.ndarray,
@@ -102,8 +104,15 @@ def _distances(count: np.ndarray, p50: np.ndarray, p99: np.ndarray, members: np.
     rk = lambda a: np.ascontiguousarray(a.transpose(1, 0, 2)).reshape(r * k, m)   # noqa: E731
     q = mixture_quantiles(rk(count), rk(p50), rk(p99), u).reshape(r, k, len(u))
     size = members.shape[1]
-    picked = members if size <= REF_MEMBERS else members[:, np.linspace(0, size - 1, REF_MEMBERS).astype(int)]
-    ref = nanmedian(q[picked], axis=1)[group_ids]                # [R, K, U + 1]
+    if size <= REF_MEMBERS:
+        ref = nanmedian(q[members], axis=1)                      # [G, K, U + 1]
+    else:
+        picked = q[members[:, np.linspace(0, size - 1, REF_MEMBERS).astype(int)]]
+        ref = nanmedian(picked, axis=1)
+        # a kernel few of the sampled members ran: its reference from all the group's members
+        for g, j in zip(*np.nonzero(np.isfinite(picked[..., 0]).sum(axis=1) < MIN_SAMPLED), strict=True):
+            ref[g, j] = nanmedian(q[members[g], j], axis=0)
+    ref = ref[group_ids]                                         # [R, K, U + 1]
     diff = q[..., :-1] - ref[..., :-1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

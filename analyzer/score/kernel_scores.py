@@ -72,6 +72,9 @@ GAP_FACTOR = 10.0
 #: A collective is slow in itself only if its group's fastest member takes at least this share of
 #: the group's median (a member that arrived last, the others waiting for it, is far faster).
 LINK_FLOOR = 0.5
+#: ... and only if at least this share of its group has data of it (a late arriver's collective may
+#: be missing: it waited least, and fell out of its rank's top kernels).
+LINK_SEEN = 0.75
 COLUMNS = ["rank", "kernel", "name", "kind", "cause", "host", "w1_us", "shift_us", "ref_median_us", "ratio",
            "group_type", "group_id"]
 
@@ -178,8 +181,9 @@ def causes(hits: np.ndarray, present: np.ndarray, level: np.ndarray, ki: np.ndar
             except ValueError:   # a group kind the topology does not know: the data-parallel one
                 groups[coll] = topo.members("dp"), topo.group_ids("dp")
         members, gids = groups[coll]
-        mine = members[gids[r]]
-        mine = mine[present[k, mine]]
-        even = len(mine) > 1 and np.nanmin(level[k, mine]) >= LINK_FLOOR * np.nanmedian(level[k, mine])
+        group = members[gids[r]]
+        mine = group[present[k, group]]
+        seen = len(mine) > 1 and len(mine) >= LINK_SEEN * len(group)   # members with no data may be the late ones
+        even = seen and np.nanmin(level[k, mine]) >= LINK_FLOOR * np.nanmedian(level[k, mine])
         out.append("link" if even and hits[k, mine].all() else "wait")
     return out

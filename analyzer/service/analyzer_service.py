@@ -375,7 +375,7 @@ class AnalyzerService:
             report.ended.append(job)
             self.ended[job] = end
             for held in (self.analyzers, self.readers, self.rollups, self._started, self._segment,
-                         self.kernels.done, self.kernels.names, self.kernels.streaks, self.kernels.windows):
+                         *self.kernels.per_job()):
                 held.pop(job, None)
 
     def stored_incidents(self, job: str | None = None) -> list[Incident]:

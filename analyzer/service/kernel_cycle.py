@@ -24,7 +24,7 @@ from analyzer.job_analyzer import JobAnalyzer
 from analyzer.score.kernel_scores import kernel_columns, kernel_findings
 from analyzer.write.rollups import incident_host_frame
 from rankscope import schema
-from rankscope.incident import incidents_frame
+from rankscope.incident import Incident, incidents_frame
 from rankscope.store import Store
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ LATE_MS = 600_000
 GAP_MS = 300_000
 #: Windows in a row a rank must stand out in a kernel for the finding to be confirmed.
 PERSIST = 2
+#: Launch-gap findings kept per job, matched again against the stalls that come later.
+KEEP_GAPS = 2000
 #: Causes that can be confirmed: a compute kernel's own slowness, a collective's link.
 CONFIRMABLE = ("own", "link")
 IT = schema.ITERATION_FIELD
@@ -52,54 +54,76 @@ class KernelCycle:
         # job -> (rank, kernel) -> (the window's number, windows in a row); job -> windows scored
         self.streaks: dict[str, dict[tuple[int, str], tuple[int, int]]] = {}
         self.windows: dict[str, int] = {}
+        self.gaps: dict[str, pd.DataFrame] = {}                 # job -> its latest launch-gap findings
+        self.unwritten: dict[str, dict[str, Incident]] = {}     # job -> incidents changed, not yet written
 
     def run(self, job: str, ja: JobAnalyzer, final: bool = False, reader: object = None) -> int:
         """Score the job's complete windows not scored yet; how many findings were written. The
         findings go to the job's analyzer too (:meth:`JobAnalyzer.note_kernels`: host-side
-        stalls, the kernels of its incidents); the incidents that changed are written again. ``reader``: the job's stage reader (a fresh analyzer starts
-        where its replay starts).
+        stalls, the kernels of its incidents); the incidents that changed are written again.
+        ``reader``: the job's stage reader (a fresh analyzer starts where its replay starts; its
+        segments turn a window's iteration into the analyzer's step after a restart).
         A failure to read or write is logged and tried again next cycle, with the streaks as they
         were: L3 never holds up L1 and L2, and a retry counts no window twice."""
-        since = getattr(getattr(reader, "replay", None), "cursor_ms", None)
         try:
-            return self._run(job, ja, final, since, getattr(reader, "read_until", None))
+            found = self._score(job, ja, final, reader)
+            self._explain(job, ja, found)
+            return len(found)
         except Exception as exc:  # noqa: BLE001 - logged; the windows are scored next cycle
             log.error("job %s: kernel analysis (L3) failed: %s: %s", job, type(exc).__name__, exc)
             return 0
 
-    def _run(self, job: str, ja: JobAnalyzer, final: bool, since_ms: int | None, until_ms: int | None) -> int:
-        topo = ja.topo
-        frame = self._read(job, since_ms)
+    def _score(self, job: str, ja: JobAnalyzer, final: bool, reader: object) -> pd.DataFrame:
+        """The findings of the complete windows not scored yet, written, with the analyzer's step
+        of each window's last iteration (``step``) and its ``steps``."""
+        frame = self._read(job, getattr(getattr(reader, "replay", None), "cursor_ms", None))
         if not len(frame) or IT not in frame.columns:
-            if until_ms is not None and job not in self.done:   # none yet: later reads start near the stages'
-                self.done[job] = int(until_ms) - LATE_MS
-            return 0
-        todo = ready_windows(frame, self.done.get(job), final, topo.world)
+            until = getattr(reader, "read_until", None)
+            if until is not None and job not in self.done:   # none yet: later reads start near the stages'
+                self.done[job] = int(until) - LATE_MS
+            return pd.DataFrame()
+        todo = ready_windows(frame, self.done.get(job), final, ja.topo.world)
         names = self._names(job, set(kernel_columns(frame.columns)))
         held, n = dict(self.streaks.get(job, {})), self.windows.get(job, 0)
         found = []
         for it, w in todo:
             try:
-                f = kernel_findings(w, names, topo)
+                f = kernel_findings(w, names, ja.topo)
             except Exception as exc:  # noqa: BLE001 - a window the data makes unscorable: skipped, said
                 log.error("job %s: kernel window of iteration %d skipped: %s: %s", job, it, type(exc).__name__, exc)
-                f = kernel_findings(w.iloc[:0], names, topo)
+                f = kernel_findings(w.iloc[:0], names, ja.topo)
             n += 1
             f = streaks(held, n, f)
             if len(f):
-                steps = int(pd.to_numeric(w.get("steps", pd.Series([1])), errors="coerce").max() or 1)
-                found.append(f.assign(time=int(w["time"].max()), job=job, iteration=int(it), steps=steps))
-        if found:
-            rows = pd.concat(found, ignore_index=True)
-            self.store.write_measurement(schema.L3_KERNEL, rows.drop(columns="steps"))
-            explained = ja.note_kernels(rows)
-            if explained:
-                self.store.write_measurement(schema.INCIDENT, incidents_frame(explained))
-                self.store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(explained))
+                steps = pd.to_numeric(w["steps"], errors="coerce").max() if "steps" in w else 1
+                found.append(f.assign(time=int(w["time"].max()), job=job, iteration=int(it),
+                                      steps=int(steps) if steps >= 1 else 1,
+                                      step=int(it) + step_offset(reader, int(w["time"].min()))))
+        rows = pd.concat(found, ignore_index=True) if found else pd.DataFrame()
+        if len(rows):
+            self.store.write_measurement(schema.L3_KERNEL, rows.drop(columns=["steps", "step"]))
         if todo:   # stored: the streaks and the cursor move on
             self.streaks[job], self.windows[job] = held, n
             self.done[job] = int(todo[-1][1]["time"].max())
-        return sum(len(f) for f in found)
+        return rows
+
+    def _explain(self, job: str, ja: JobAnalyzer, found: pd.DataFrame) -> None:
+        """The findings to the job's analyzer (the launch gaps of the last ``KEEP_GAPS`` findings
+        again: a stall whose incident comes later is still explained); the incidents it changed
+        written, kept until they are."""
+        if len(found) and (found["kernel"] == "launch_gap").any():
+            gaps = pd.concat([self.gaps.get(job, pd.DataFrame()), found[found["kernel"] == "launch_gap"]])
+            self.gaps[job] = gaps.tail(KEEP_GAPS)
+        pending = self.unwritten.setdefault(job, {})
+        pending.update({i.id: i for i in ja.note_kernels(found, self.gaps.get(job, pd.DataFrame()))})
+        if pending:
+            self.store.write_measurement(schema.INCIDENT, incidents_frame(list(pending.values())))
+            self.store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(list(pending.values())))
+            pending.clear()
+
+    def per_job(self) -> tuple[dict, ...]:
+        """Every per-job state held (released when the job ends)."""
+        return self.done, self.names, self.streaks, self.windows, self.gaps, self.unwritten
 
     def _read(self, job: str, since_ms: int | None) -> pd.DataFrame:
         if job in self.done:
@@ -119,6 +143,14 @@ class KernelCycle:
             for kid, name, kind, coll in zip(stored["kernel"], stored["name"], stored["kind"], group, strict=True):
                 names[str(kid)] = (str(name), str(kind), coll)
         return names
+
+
+def step_offset(reader: object, time_ms: int) -> int:
+    """What turns a framework iteration stamped at ``time_ms`` into the analyzer's step: the
+    offset of the reader's segment (restart) that began last at or before it; 0 without one."""
+    segments = getattr(getattr(reader, "attempts", None), "segments", None) or []
+    before = [seg for seg in segments if seg.start_ms <= time_ms]
+    return int(before[-1].offset) if before else 0
 
 
 def ready_windows(frame: pd.DataFrame, done_ms: int | None, final: bool,
