@@ -40,7 +40,7 @@ import pandas as pd
 
 from collector.kernel_modes import compress
 from rankscope import schema
-from rankscope.kernel_names import HOUR_MS, MAX_NAME, OTHER, kernel_id, kernel_kind
+from rankscope.kernel_names import HOUR_MS, OTHER, kernel_id, kernel_kind, mode_field, name_point
 
 
 class KernelChannel:
@@ -84,8 +84,7 @@ class KernelChannel:
             self._fields(point, kid, frame["us"].to_numpy(float)[frame["name"].to_numpy() == name])
             if self._named.get(kid) != int(time_ms) // HOUR_MS:
                 self._named[kid] = int(time_ms) // HOUR_MS
-                names.append({"time": int(time_ms) // HOUR_MS * HOUR_MS, "job": self.tags.get("job"), "kernel": kid,
-                              "name": name[:MAX_NAME], "kind": kernel_kind(name), "group": ""})
+                names.append(name_point(self.tags.get("job"), kid, name, kernel_kind(name), "", time_ms))
         rest = frame["us"].to_numpy(float)[~frame["name"].isin(top).to_numpy()]
         if rest.size:
             self._fields(point, OTHER, rest)
@@ -99,18 +98,18 @@ class KernelChannel:
     def _fields(self, point: dict[str, Any], kid: str, durations: np.ndarray) -> None:
         modes = sorted(compress(durations), key=lambda m: -m.count)[: self.max_modes]
         for j, m in enumerate(sorted(modes, key=lambda m: m.p50_us)):
-            point[f"{kid}_m{j}_n"] = float(m.count)   # float: a batch of points with other kernels holds NaN
-            point[f"{kid}_m{j}_p50"] = m.p50_us
-            point[f"{kid}_m{j}_p99"] = m.p99_us
+            point[mode_field(kid, j, "n")] = float(m.count)   # float: a batch of points with other kernels holds NaN
+            point[mode_field(kid, j, "p50")] = m.p50_us
+            point[mode_field(kid, j, "p99")] = m.p99_us
 
 
 def longest_gap(start: np.ndarray, dur: np.ndarray) -> float:
     """The longest stretch (us) between events during which none ran (nested and overlapping
     events count once): the device idle between kernels."""
     order = np.argsort(start, kind="stable")
-    s, e = start[order], start[order] + dur[order]
-    busy_until = np.maximum.accumulate(e)
-    return float(max(np.max(s[1:] - busy_until[:-1], initial=0.0), 0.0)) if len(s) > 1 else 0.0
+    s = start[order]
+    busy_until = np.maximum.accumulate(s + dur[order])
+    return float(np.max(s[1:] - busy_until[:-1], initial=0.0))
 
 
 def profiler_events(prof: Any, device: str = "cpu") -> list[tuple[str, float, float]]:

@@ -5,8 +5,13 @@ kernel is stored as a field prefix ``k`` + 10 hex digits of the BLAKE2b hash of 
 tag: the series stay one per rank) and its name once, in ``kernel_name``, stamped at the hour so
 that every rank's copy of it is one point.
 
+A kernel's mode ``j`` is three fields of a ``kernel_stats`` point, :func:`mode_field` (``n``,
+``p50``, ``p99``), which :data:`MODE_FIELD` reads back.
+
 Example::
 
+    >>> mode_field("k0d1674e042", 0, "p50"), MODE_FIELD.match("k0d1674e042_m1_n").groups()
+    ('k0d1674e042_m0_p50', ('k0d1674e042', '1', 'n'))
     >>> kernel_id("aten::mm"), kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
     ('k0d1674e042', 'comm')
     >>> kernel_kind("aten::broadcast_tensors"), kernel_kind("record_param_comms")
@@ -24,6 +29,10 @@ MAX_NAME = 512
 HOUR_MS = 3_600_000
 #: The id of the kernels pooled past the top K of a window.
 OTHER = "other"
+#: Modes a kernel may have in a point (the channel keeps 3); fields of others are not read.
+MAX_MODES = 8
+#: A mode field's name: (kernel id, mode, n | p50 | p99).
+MODE_FIELD = re.compile(rf"^(k[0-9a-z]+)_m([0-{MAX_MODES - 1}])_(n|p50|p99)$")
 _COMM = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast(?!_tensors)|nccl|gloo|"
                    r"c10d|record_param_comms|send|recv", re.IGNORECASE)
 
@@ -36,3 +45,15 @@ def kernel_id(name: str) -> str:
 def kernel_kind(name: str) -> str:
     """``comm`` for a collective or point-to-point transfer, else ``compute``."""
     return "comm" if _COMM.search(name) else "compute"
+
+
+def mode_field(kid: str, mode: int, part: str) -> str:
+    """The ``kernel_stats`` field of a kernel's mode: ``<id>_m<mode>_<n|p50|p99>``."""
+    return f"{kid}_m{mode}_{part}"
+
+
+def name_point(job: str, kid: str, name: str, kind: str, group: str, time_ms: int) -> dict:
+    """A ``kernel_name`` point: the name cut to ``MAX_NAME``, stamped at the hour of ``time_ms``
+    (every rank's copy of it is one point)."""
+    return {"time": int(time_ms) // HOUR_MS * HOUR_MS, "job": job, "kernel": kid, "name": name[:MAX_NAME],
+            "kind": kind, "group": group}

@@ -28,7 +28,7 @@ import pandas as pd
 
 from rankscope import schema
 from rankscope.kernel_mixture import Z99
-from rankscope.kernel_names import HOUR_MS, kernel_id
+from rankscope.kernel_names import kernel_id, mode_field, name_point
 from rankscope.schema import StageSet
 
 LAUNCHES = 8
@@ -96,10 +96,9 @@ def kernel_frame(tags: pd.DataFrame, values: np.ndarray, iteration: int, time_ms
                     factor[np.isin(ranks, f.ranks)] *= f.factor
             seen = np.isfinite(per).any(axis=0)
             kid = kernel_id(name)
-            out[f"{kid}_m0_n"] = np.where(seen, float(LAUNCHES * len(per)), np.nan)
-            out[f"{kid}_m0_p50"] = np.nanmedian(per, axis=0) * factor
-            out[f"{kid}_m0_p99"] = np.nanmax(per, axis=0) * factor * np.exp(Z99 * SPREAD)
+            out[mode_field(kid, 0, "n")] = np.where(seen, float(LAUNCHES * len(per)), np.nan)
+            out[mode_field(kid, 0, "p50")] = np.nanmedian(per, axis=0) * factor
+            out[mode_field(kid, 0, "p99")] = np.nanmax(per, axis=0) * factor * np.exp(Z99 * SPREAD)
             out["events"] = out["events"] + np.where(seen, LAUNCHES * len(per), 0)
-            names.append({"time": int(time_ms) // HOUR_MS * HOUR_MS, "job": tags["job"].iloc[0], "kernel": kid,
-                          "name": name, "kind": kind, "group": group})
+            names.append(name_point(tags["job"].iloc[0], kid, name, kind, group, time_ms))
     return pd.DataFrame(out), pd.DataFrame(names)

@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import numpy as np
@@ -31,19 +30,15 @@ import pandas as pd
 
 from analyzer.detect.fast_median import nanmedian
 from analyzer.score.kernel_distance import CHUNK_KERNELS, kernel_distances
-from rankscope.kernel_names import OTHER
+from rankscope.kernel_names import MODE_FIELD, OTHER, mode_field
 from rankscope.topology import Topology
-
-#: Modes a kernel may have (the channel keeps 3); fields of others are not read.
-MAX_MODES = 8
-_FIELD = re.compile(rf"^(k[0-9a-f]{{10}}|k[0-9a-z]+)_m([0-{MAX_MODES - 1}])_(n|p50|p99)$")
 
 
 def kernel_columns(columns) -> dict[str, int]:
     """Kernel id -> modes, from a ``kernel_stats`` frame's columns."""
     out: dict[str, int] = {}
     for c in columns:
-        m = _FIELD.match(str(c))
+        m = MODE_FIELD.match(str(c))
         if m and m.group(1) != OTHER:
             out[m.group(1)] = max(out.get(m.group(1), 0), int(m.group(2)) + 1)
     return out
@@ -57,8 +52,8 @@ def _modes(frame: pd.DataFrame, kernels: dict[str, int], rows: np.ndarray, world
     missing = pd.Series(np.nan, index=frame.index)
     for i, (kid, modes) in enumerate(kernels.items()):
         for j in range(modes):
-            n, p50, p99 = (pd.to_numeric(frame.get(f"{kid}_m{j}_{part}", missing), errors="coerce").to_numpy(float)
-                           for part in ("n", "p50", "p99"))
+            n, p50, p99 = (pd.to_numeric(frame.get(mode_field(kid, j, part), missing), errors="coerce")
+                           .to_numpy(float) for part in ("n", "p50", "p99"))
             ok = (n > 0) & (p50 > 0) & (p99 > 0) & np.isfinite(n + p50 + p99)
             out[0][i, rows, j] = np.where(ok, n, np.nan)
             out[1][i, rows, j], out[2][i, rows, j] = p50, p99
@@ -113,11 +108,17 @@ def launch_gaps(frame: pd.DataFrame, rows: np.ndarray, topo: Topology, group_kin
         warnings.simplefilter("ignore", RuntimeWarning)
         ref = nanmedian(gap[topo.members(group_kind)], axis=1)[gids]
     hit = np.flatnonzero((gap >= MIN_GAP_US) & (gap >= GAP_FACTOR * np.fmax(ref, 1.0)))
-    return pd.DataFrame({
-        "rank": hit, "kernel": "launch_gap", "name": "launch gap (no kernel running: the host did not launch)",
-        "kind": "host", "cause": "host", "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
-        "w1_us": gap[hit], "shift_us": gap[hit] - ref[hit], "ref_median_us": ref[hit],
-        "ratio": gap[hit] / np.fmax(ref[hit], 1.0), "group_type": group_kind, "group_id": gids[hit].astype(np.int64)})
+    return _findings(hit, topo, group_kind, kernel="launch_gap", kind="host", cause="host",
+                     name="launch gap (no kernel running: the host did not launch)", w1_us=gap[hit],
+                     shift_us=gap[hit] - ref[hit], ref_median_us=ref[hit], ratio=gap[hit] / np.fmax(ref[hit], 1.0))
+
+
+def _findings(hit: np.ndarray, topo: Topology, group_kind: str, **columns) -> pd.DataFrame:
+    """Findings of the ranks ``hit`` in the columns of :data:`COLUMNS`: ``columns`` and, from the
+    topology, each rank's host and group."""
+    return pd.DataFrame({"rank": hit, **columns, "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
+                         "group_type": group_kind, "group_id": topo.group_ids(group_kind)[hit].astype(np.int64)},
+                        columns=COLUMNS)
 
 
 def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[str, ...]], topo: Topology,
@@ -142,14 +143,12 @@ def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[s
             continue
         info = [tuple(names.get(str(kid), (str(kid), "unknown"))) + ("",) for kid in ids[ki]]
         ref = d.ref_median_us[ki, hit]
-        found.append(pd.DataFrame({
-            "rank": hit, "kernel": ids[ki], "name": [x[0] for x in info], "kind": [x[1] for x in info],
-            "cause": causes(hits, present, d.ref_median_us + d.shift_us, ki, hit, [x[1] for x in info],
-                            [x[2] or group_kind for x in info], topo),
-            "host": np.asarray(topo.host_names(topo.node_index[hit]), dtype=object),
-            "w1_us": d.w1_us[ki, hit], "shift_us": d.shift_us[ki, hit], "ref_median_us": ref,
-            "ratio": (ref + d.shift_us[ki, hit]) / ref, "group_type": group_kind,
-            "group_id": gids[hit].astype(np.int64)}))
+        found.append(_findings(
+            hit, topo, group_kind, kernel=ids[ki], name=[x[0] for x in info], kind=[x[1] for x in info],
+            cause=causes(hits, present, d.ref_median_us + d.shift_us, ki, hit, [x[1] for x in info],
+                         [x[2] or group_kind for x in info], topo),
+            w1_us=d.w1_us[ki, hit], shift_us=d.shift_us[ki, hit], ref_median_us=ref,
+            ratio=(ref + d.shift_us[ki, hit]) / ref))
     if not found:
         return pd.DataFrame(columns=COLUMNS)
     return pd.concat(found, ignore_index=True).sort_values("w1_us", ascending=False, ignore_index=True)
