@@ -22,9 +22,9 @@ import pandas as pd
 
 from analyzer.job_analyzer import JobAnalyzer
 from analyzer.score.kernel_scores import kernel_columns, kernel_findings
-from analyzer.write.rollups import incident_host_frame
+from analyzer.write.outputs import CycleOutputs
 from rankscope import schema
-from rankscope.incident import Incident, incidents_frame
+from rankscope.incident import Incident
 from rankscope.store import Store
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,7 @@ class KernelCycle:
         pending = self.unwritten.setdefault(job, {})
         pending.update({i.id: i for i in ja.note_kernels(found, self.gaps.get(job, pd.DataFrame()))})
         if pending:
-            self.store.write_measurement(schema.INCIDENT, incidents_frame(list(pending.values())))
-            self.store.write_measurement(schema.INCIDENT_HOST, incident_host_frame(list(pending.values())))
+            CycleOutputs(incidents=dict(pending)).write(self.store)   # incident and incident_host
             pending.clear()
 
     def per_job(self) -> tuple[dict, ...]:
