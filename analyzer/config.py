@@ -16,11 +16,11 @@ Example::
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from analyzer.config_schema import RULES, ConfigError, check
+from rankscope.config_file import read_config_file
 from rankscope.schema import SchemaError, StageSet
 
 __all__ = ["RESTART_ONLY", "AnalyzerConfig", "ConfigError", "changes", "load_config"]
@@ -170,22 +170,15 @@ def changes(old: AnalyzerConfig, new: AnalyzerConfig) -> dict[str, tuple[object,
 
 
 def load_config(path: str | Path | None) -> tuple[AnalyzerConfig, StageSet | None]:
-    """Thresholds (``[analyzer]``) and stages (``[stages]``) from a TOML file; defaults without one.
+    """Thresholds (``[analyzer]``) and stages (``[stages]``) from a TOML file; defaults without one
+    (the file's other tables belong to other parts: :mod:`rankscope.config_file`).
 
     Raises ValueError naming the file and what is wrong (nothing is half applied).
     """
     if not path:
         return AnalyzerConfig(), None
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"cannot read config {path}: {exc}") from exc
-    unknown = set(data) - {"analyzer", "stages"}
-    if unknown:
-        raise ValueError(f"config {path}: unknown table(s) {', '.join(sorted(unknown))}; known: analyzer, stages")
+    data = read_config_file(path)
     table = data.get("analyzer", {})
-    if not isinstance(table, dict):
-        raise ValueError(f"config {path}: [analyzer] must be a table")
     try:
         cfg = AnalyzerConfig().with_overrides(**table)
         stages = StageSet.from_config(data["stages"]) if "stages" in data else None

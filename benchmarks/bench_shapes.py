@@ -15,7 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
-from analyzer.service.analyzer_service import AnalyzerService, run_once
+from analyzer.service.analyzer_service import AnalyzerService
+from analyzer.service.run_once import run_once
 from benchmarks.bench_accuracy import _fmt, _kind_table
 from evaluation.accuracy import (
     BASE_SIGMAS,

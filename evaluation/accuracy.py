@@ -484,7 +484,7 @@ def shaped_store_run(store, topology: dict[str, int], faults: list[dict], iterat
                      seed: int = 7, job: str = "shaped") -> tuple[Scenario, list[dict]]:
     """Simulate a job with the collector shapes on into ``store`` (the points as real
     collectors write them) and run one analyzer cycle over it: (scenario, incidents)."""
-    from analyzer.service.analyzer_service import run_once
+    from analyzer.service.run_once import run_once
     from simulator.simulate import simulate
 
     sc = Scenario.from_dict({"topology": topology, "run": {"job": job, "iterations": iterations, "seed": seed},

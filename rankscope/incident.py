@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -31,103 +31,16 @@ import numpy as np
 import pandas as pd
 
 from rankscope import schema
+from rankscope.event_verdict import EventVerdict
+from rankscope.incident_cost import NO_WHAT_IF, Impact, gpu_hours_text, seconds_text
 from rankscope.incident_vocabulary import ACTIONS, IncidentClass, Status, Verdict
 from rankscope.topology import format_ranks, parse_ranks, rank_phrase
 
+#: The one "not known" of the incident's durations (one object: a record read back equals itself).
+NAN = float("nan")
+
 if TYPE_CHECKING:  # the store's interface, for the loaders' signatures
     from rankscope.store.base import Store
-
-
-@dataclass
-class EventVerdict:
-    """One out-of-band event judged against one incident."""
-
-    name: str
-    node: int
-    verdict: str
-    reason: str
-    time_ms: int = 0
-    host: str = ""
-    rank: int = -1
-    status: str = "firing"
-    #: Who reported the event (``alertmanager/<receiver>``, ``grafana/<receiver>``,
-    #: ``events/<sender>``, ``cli/<sender>``; empty: not recorded), so a forged one can be traced.
-    source: str = ""
-
-    @property
-    def where(self) -> str:
-        return self.host or (f"node {self.node}" if self.node >= 0 else "the job")
-
-    @property
-    def sentence(self) -> str:
-        """The verdict as an operator reads it: event, machine, verdict, why, who reported it."""
-        by = f" Reported by {self.source}." if self.source else ""
-        return f"Event '{self.name}' on {self.where}: {self.verdict.upper()} - {self.reason}.{by}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "host": self.host, "node": int(self.node), "rank": int(self.rank),
-                "status": self.status, "verdict": self.verdict, "reason": self.reason,
-                "time_ms": int(self.time_ms), "source": self.source}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EventVerdict:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-#: Classes whose incidents have no what-if, and why (said in the cost instead of a figure).
-NO_WHAT_IF: dict[IncidentClass, str] = {
-    IncidentClass.SILENT_RANK: "no what-if: silent ranks report no time, so none of the job's time can be "
-                               "put down to them",
-}
-
-
-def _seconds(s: float) -> str:
-    """An iteration time as people read it: ``30.3``, ``0.25``."""
-    return f"{s:.1f}" if abs(s) >= 10 else f"{s:.3g}"
-
-
-def _gpu_hours(h: float) -> str:
-    """GPU-hours: whole ones from 10 on (``7,055``), two significant digits below (``0.044``)."""
-    return f"{h:,.0f}" if abs(h) >= 10 or h == 0 else f"{h:.2g}"
-
-
-@dataclass
-class Impact:
-    """What an incident costs the job.
-
-    ``iteration_s_before``: the job's iteration time (median over ranks) before the onset;
-    ``iteration_s_now``: since the onset (or until the resolution); ``slowdown`` their
-    ratio; ``gpu_hours_lost``: world size x the excess time so far (final once resolved);
-    ``iteration_s_if_restored``: the job's iteration time with the culprits restored (their
-    excess removed, with the waits it causes the others). NaN where not known, and for the
-    classes of :data:`NO_WHAT_IF`.
-    """
-
-    iteration_s_before: float = float("nan")
-    iteration_s_now: float = float("nan")
-    slowdown: float = float("nan")
-    gpu_hours_lost: float = 0.0
-    iteration_s_if_restored: float = float("nan")
-
-    FIELDS = ("iteration_s_before", "iteration_s_now", "slowdown", "gpu_hours_lost", "iteration_s_if_restored")
-
-    def to_json(self) -> dict[str, float | None]:
-        """JSON's shape: unknown values as null."""
-        return {k: (None if v != v else round(float(v), 4)) for k, v in self.__dict__.items()}
-
-    @classmethod
-    def from_values(cls, values: dict[str, Any]) -> Impact:
-        def num(v: Any) -> float:
-            try:
-                return float(v) if v is not None else float("nan")
-            except (TypeError, ValueError):
-                return float("nan")
-
-        out = cls(**{k: num(values.get(k)) for k in cls.FIELDS})
-        if out.gpu_hours_lost != out.gpu_hours_lost:
-            out.gpu_hours_lost = 0.0
-        return out
 
 
 @dataclass
@@ -166,6 +79,24 @@ class Incident:
     first_onset: int = -1
     last_onset: int = -1
     host_record: str | None = None
+    #: The culprit GPUs, ``{"rank", "host", "gpu", "uuid"}`` each where known (from the ranks' tags).
+    gpus: list[dict] = field(default_factory=list)
+    #: The culprit GPUs' own telemetry against their past and the job's other GPUs, and its
+    #: conclusion (``verdict``, ``source``, per GPU its signals, ``summary``); empty: not checked.
+    hardware: dict = field(default_factory=dict)
+    #: ``onset``, ``detected``, ``confirmed``, ``action``, ``recovered``: epoch ms, None where none.
+    timeline: dict = field(default_factory=dict)
+    #: Onset to the iteration the incident was first opened; onset to the first iteration back
+    #: within 10% of the what-if (NaN: not yet).
+    time_to_detect_s: float = NAN
+    time_to_recover_s: float = NAN
+    #: How the job recovered: ``{"how", "iteration_s_after", "within_what_if"}``; empty: not yet.
+    recovery: dict = field(default_factory=dict)
+
+    #: The records above, stored as JSON text fields of the ``incident`` point.
+    RECORDS = ("gpus", "hardware", "timeline", "recovery")
+    #: ... and as float fields.
+    DURATIONS = ("time_to_detect_s", "time_to_recover_s")
 
     def __post_init__(self) -> None:
         self.cls = IncidentClass(self.cls)
@@ -243,11 +174,11 @@ class Incident:
         imp = self.impact
         if not imp.iteration_s_before == imp.iteration_s_before:   # NaN: no level before the onset
             return ""
-        text = (f"Cost: {_gpu_hours(imp.gpu_hours_lost)} GPU-hours lost{' so far' if self.is_open else ''} "
-                f"(iteration {_seconds(imp.iteration_s_before)} s -> {_seconds(imp.iteration_s_now)} s, "
+        text = (f"Cost: {gpu_hours_text(imp.gpu_hours_lost)} GPU-hours lost{' so far' if self.is_open else ''} "
+                f"(iteration {seconds_text(imp.iteration_s_before)} s -> {seconds_text(imp.iteration_s_now)} s, "
                 f"x{imp.slowdown:.2f})")
         if imp.iteration_s_if_restored == imp.iteration_s_if_restored:
-            text += f"; about {_seconds(imp.iteration_s_if_restored)} s per iteration with the culprits restored"
+            text += f"; about {seconds_text(imp.iteration_s_if_restored)} s per iteration with the culprits restored"
         elif self.cls in NO_WHAT_IF:
             text += f"; {NO_WHAT_IF[self.cls]}"
         return text + "."
@@ -287,6 +218,8 @@ class Incident:
             "title": self.title, "evidence": _plain(self.evidence), "impact": self.impact.to_json(),
             "episodes": int(self.episodes), "first_onset": int(self.first_onset),
             "last_onset": int(self.last_onset), "host_record": self.host_record,
+            **{k: _plain(getattr(self, k)) for k in self.RECORDS},
+            **{k: _finite_or_none(getattr(self, k)) for k in self.DURATIONS},
         }
 
     def to_row(self) -> dict:
@@ -304,6 +237,8 @@ class Incident:
             "episodes": int(self.episodes), "first_onset": int(self.first_onset),
             "last_onset": int(self.last_onset), "host_record": self.host_record or "",
             **{k: float(getattr(self.impact, k)) for k in Impact.FIELDS},
+            **{k: json.dumps(_plain(getattr(self, k))) for k in self.RECORDS},
+            **{k: float(getattr(self, k)) for k in self.DURATIONS},
         }
 
     @classmethod
@@ -338,6 +273,10 @@ class Incident:
             episodes=int(num("episodes", 1)), first_onset=int(num("first_onset", -1)),
             last_onset=int(num("last_onset", -1)),
             host_record=row["host_record"] if isinstance(row.get("host_record"), str) and row["host_record"] else None,
+            gpus=_records(loads(row.get("gpus"), []), list), hardware=_records(loads(row.get("hardware"), {}), dict),
+            timeline=_records(loads(row.get("timeline"), {}), dict),
+            recovery=_records(loads(row.get("recovery"), {}), dict),
+            **{k: float(num(k, NAN)) for k in cls.DURATIONS},
         )
 
 
@@ -376,6 +315,15 @@ def load_incident(store: Store, job: str, incident_id: str | None = None) -> Inc
             raise ValueError(f"job {job!r} has no incident {incident_id!r}; known: {known}")
         return Incident.from_row(hit.iloc[-1].to_dict())
     return Incident.from_row(df.iloc[-1].to_dict())
+
+
+def _records(value: Any, kind: type) -> Any:
+    """A stored record of the expected JSON type, else an empty one."""
+    return value if isinstance(value, kind) else kind()
+
+
+def _finite_or_none(x: float) -> float | None:
+    return round(float(x), 3) if x == x and abs(x) != float("inf") else None
 
 
 def _plain(o: Any) -> Any:

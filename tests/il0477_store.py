@@ -32,7 +32,7 @@ import pandas as pd
 
 from analyzer.config import AnalyzerConfig
 from analyzer.score.l2_points import l2_frames
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from analyzer.write.rollups import incident_host_frame, rollup_frames, window_rollup
 from rankscope import schema
 from rankscope.config import Retention

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from events.auth import PASSWORD_ENV, USER_ENV
 from rankscope import schema
 from rankscope.store import InfluxStore

@@ -7,7 +7,7 @@ the idempotency test below and by ``analyze --once --json`` in test_analyzer_il0
 import numpy as np
 import pytest
 
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from evaluation.accuracy import EXPECTED_CLASS
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate

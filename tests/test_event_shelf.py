@@ -105,7 +105,7 @@ def test_12000_junk_posts_on_other_hosts_leave_the_real_verdict_end_to_end(influ
     straggler's host, then 12,000 junk events on 12 machines outside the job (each noisier than
     the real host), or each on a machine of its own (more machines than the shared pool
     holds); the analyzer still judges the real one, and names who reported it."""
-    from analyzer.service.analyzer_service import run_once
+    from analyzer.service.run_once import run_once
     from events.receiver import EventReceiver, ReceiverConfig
     from rankscope import schema
     from rankscope.times import format_time

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from events.receiver import EventReceiver, ReceiverConfig
 from rankscope import schema
 from rankscope.cli import main

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from collector.untrusted.plain_unpickle import loads_plain
 from rankscope.cli import main as cli_main
 from rankscope.store import EmbeddedStore

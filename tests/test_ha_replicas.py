@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 
 from analyzer.config import AnalyzerConfig
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from analyzer.service.shards import shard_of
 from rankscope import schema
 from rankscope.store import InfluxStore

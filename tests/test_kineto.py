@@ -208,7 +208,7 @@ def test_kernel_only_traces_show_the_slow_rank_and_its_waiting_peers(gpu_run):
 
 
 def test_a_slowed_rank_in_kernel_only_traces_is_named_with_its_host(gpu_run, influx_store, capsys):
-    from analyzer.service.analyzer_service import run_once
+    from analyzer.service.run_once import run_once
 
     paths, _ = gpu_run
     rc = cli_main(["import-trace", *map(str, paths), "--job", "kernels", "--store", influx_store.url,

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analyzer.config import AnalyzerConfig
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from collector import nccl_import as ni
 from rankscope.cli import main as cli_main
 from rankscope.stage_rows import stage_rows

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from collector import nccl_import as ni
 from rankscope.cli import main as cli_main
 from rankscope.store import EmbeddedStore

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from rankscope.cli import main as cli_main
 from rankscope.store import EmbeddedStore, Store
 from tests import inspector_prom_files as ipf

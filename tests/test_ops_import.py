@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from analyzer.service.analyzer_service import run_once  # noqa: E402
+from analyzer.service.run_once import run_once  # noqa: E402
 from collector.ops_import import OPTYPE_STAGES, OpsError, layout, read_ops, stage_frame  # noqa: E402
 from collector.stage_timer import MEGATRON_ALIASES  # noqa: E402
 from rankscope.cli import main as cli_main  # noqa: E402

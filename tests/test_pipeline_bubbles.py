@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from simulator.scenario import Scenario
 from simulator.simulate import simulate
 

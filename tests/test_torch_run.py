@@ -83,7 +83,7 @@ def test_slow_rank_is_high_in_mlp_and_healthy_ranks_wait_in_the_all_reduce(demo_
 
 
 def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
-    from analyzer.service.analyzer_service import run_once
+    from analyzer.service.run_once import run_once
 
     cfg, _, store = demo_run
     # no topology given: the analyzer infers it, and the placement from the host tags

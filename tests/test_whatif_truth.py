@@ -19,7 +19,7 @@ import pytest
 
 from analyzer.job_analyzer import JobAnalyzer
 from analyzer.score.impact import NOW_ITERATIONS
-from analyzer.service.analyzer_service import run_once
+from analyzer.service.run_once import run_once
 from collector import nccl_import as ni
 from evaluation.accuracy import result_cube
 from rankscope.frames import frame_to_cube

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
@@ -47,7 +47,7 @@ from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.host_history import annotate_repeat_offenders
 from analyzer.read.iteration_reader import IT, LATE_MARGIN_MS, IterationReader
 from analyzer.read.read_size import MAX_READ_ROWS
-from analyzer.service.cycle_report import CycleFailed, CycleReport
+from analyzer.service.cycle_report import CycleFailed, CycleReport, IncidentEvidence
 from analyzer.service.job_life import (
     RANKS_LEFT,
     JobEnd,
@@ -76,7 +76,7 @@ class AnalyzerService:
                  jobs: list[str] | None = None, topology: Topology | None = None,
                  chunk_iterations: int = 20, progress: bool = False,
                  clock: Callable[[], float] = time.time, max_read_rows: int = MAX_READ_ROWS,
-                 shard: Shard | None = None):
+                 shard: Shard | None = None, evidence: Sequence[IncidentEvidence] = ()):
         self.store = store
         self.cfg = config or AnalyzerConfig()
         self.stages = stages
@@ -93,6 +93,7 @@ class AnalyzerService:
         self.pending: dict[str, CycleOutputs] = {}      # each job's outputs not yet stored
         self.ended: dict[str, JobEnd] = {}              # jobs that ended (released), until reused
         self.kernels = KernelCycle(store)               # L3: each job's kernel windows
+        self.evidence = list(evidence)                  # sources attaching evidence to incidents
         self._started: dict[str, int] = {}   # the segment each job's analyzer began in; ... was fed last:
         self._segment: dict[str, int] = {}
 
@@ -220,6 +221,8 @@ class AnalyzerService:
             rollups.flush(self.store, ja.last_time_ms, int(self.clock() * 1000), final, force=True)
         if out.complete:
             annotate_repeat_offenders(self.store, out.incidents.values())   # new ones: their hosts' record
+            for source in self.evidence:   # what other sources say of the incidents, before they are written
+                source.attach(job, list(out.incidents.values()), ja)
             out.write(self.store)
             report.iterations[job] = report.iterations.get(job, 0) + out.iterations
             report.changepoints += len(out.changepoints)
@@ -388,13 +391,3 @@ class AnalyzerService:
     def incidents(self, job: str | None = None) -> list[Incident]:
         out = [i for name, ja in self.analyzers.items() if job is None or name == job for i in ja.incidents()]
         return sorted(out, key=lambda i: (i.job, i.onset_ms, i.id))
-
-
-def run_once(store: Store, job: str | None = None, topology: Topology | None = None,
-             config: AnalyzerConfig | None = None, stages: StageSet | None = None,
-             progress: bool = False) -> list[dict]:
-    """One cycle over everything stored; the incidents (``to_json`` dicts) it knows of."""
-    svc = AnalyzerService(store, config, stages, jobs=[job] if job else None, topology=topology,
-                          progress=progress)
-    svc.cycle(final=True)
-    return [i.to_json() for i in svc.stored_incidents(job)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from rankscope.incident import Incident
 
@@ -41,3 +42,12 @@ class CycleFailed(RuntimeError):
     def __init__(self, message: str, report: CycleReport):
         super().__init__(message)
         self.report = report
+
+
+class IncidentEvidence(Protocol):
+    """A source of evidence on incidents outside the stage latencies (the GPUs' own telemetry,
+    say): the service hands it each job's incidents changed in a cycle, with the job's analyzer
+    (its topology, its window), before they are written. It fills in what it knows and must not
+    raise or block for long: a source that is down says so in the incident and the log."""
+
+    def attach(self, job: str, incidents: list[Incident], analyzer: Any) -> None: ...
