@@ -98,6 +98,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def topology(args: argparse.Namespace, records: pd.DataFrame) -> Topology:
+    """The layout given (--tp/--pp/--dp/--ep), else the one the records show (pure data
+    parallelism, each host's intra-node groups as TP groups: ``default_topology``)."""
+    if all(getattr(args, d) is None for d in ("tp", "pp", "dp", "ep")):
+        return ni.default_topology(records, args.gpus_per_node)
     world = ni.world_of(records)
     tp, pp, ep = args.tp or 1, args.pp or 1, args.ep or 1
     dp = args.dp or max(1, world // (tp * pp))

@@ -24,7 +24,6 @@ from analyzer.job_analyzer import JobAnalyzer
 from analyzer.read.iteration_assembler import IterationAssembler
 from rankscope.frames import LatencyCube, frame_to_cube
 from rankscope.incident import Incident, IncidentClass
-from rankscope.schema import DEFAULT_STAGES
 from simulator.cluster import ClusterSimulator, IterationResult
 from simulator.scenario import FAULT_KINDS, Scenario
 
@@ -298,7 +297,7 @@ def run_case(case: Case, config: AnalyzerConfig | None = None) -> Outcome:
     """Simulate ``case`` in memory and feed every iteration to a fresh analyzer."""
     sc = case.scenario()
     sim = ClusterSimulator(sc)
-    ja = JobAnalyzer(sc.job, sc.topology, DEFAULT_STAGES, config)
+    ja = JobAnalyzer(sc.job, sc.topology, sim.stages, config)
     first: dict[str, int] = {}
     latest: dict[str, Incident] = {}
     for _ in range(sc.iterations):
@@ -335,7 +334,7 @@ def run_case_written(case: Case, config: AnalyzerConfig | None = None) -> Outcom
     sc = case.scenario()
     sim = ClusterSimulator(sc)
     cfg = config or AnalyzerConfig()
-    ja = JobAnalyzer(sc.job, sc.topology, DEFAULT_STAGES, cfg)
+    ja = JobAnalyzer(sc.job, sc.topology, sim.stages, cfg)
     asm = IterationAssembler(int(cfg.iteration_wait_s * 1000))
     first: dict[str, int] = {}
     latest: dict[str, Incident] = {}
@@ -344,7 +343,7 @@ def run_case_written(case: Case, config: AnalyzerConfig | None = None) -> Outcom
     def feed(ready: pd.DataFrame, at: int) -> None:
         if not len(ready):
             return
-        out = ja.feed(frame_to_cube(ready, sc.topology.world, DEFAULT_STAGES.names))
+        out = ja.feed(frame_to_cube(ready, sc.topology.world, sim.stages.names))
         for inc in out.incidents:
             first.setdefault(inc.id, at)
             latest[inc.id] = inc
@@ -365,23 +364,15 @@ def run_case_written(case: Case, config: AnalyzerConfig | None = None) -> Outcom
 
 
 # ------------------------------------------------------------------ scoring
-#: Kinds whose slowed compute runs in TP lockstep (the simulator's TP collectives sit inside the kernels).
-_LOCKSTEP_KINDS = ("compute_slowdown", "transient_stall", "stage_imbalance")
-
-
 def _truth(case: Case) -> list[dict[str, Any]]:
-    """The faults, each with its *observable* culprits: with tp > 1 a GPU slowed in attention or
-    mlp slows its whole TP group alike (every member measures the group's slowest), so no
-    timing can single it out; the TP group is the culprit set to find."""
+    """The faults and their culprits: the GPUs slowed (with tp > 1 too: the TP group waits for
+    the slow member in its all-reduces, ``tp_comm``, which names it)."""
     sc = case.scenario()
-    topo = sc.topology
     out = []
     for f in sc.faults:
-        d = f.to_dict(topo)
+        d = f.to_dict(sc.topology)
         if f.repeats > 1:
             d["kind"] = INTERMITTENT
-        if topo.tp > 1 and f.kind in _LOCKSTEP_KINDS and f.stage in (None, "attention", "mlp"):
-            d["ranks"] = np.unique(topo.members("tp")[topo.group_ids("tp")[f.ranks]]).tolist()
         out.append(d)
     return out
 

@@ -141,6 +141,17 @@ class Incident:
         return f"{again}{host}{self.cls.label}: {rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
 
     @property
+    def waiting_ranks(self) -> list[int]:
+        """Ranks of the culprits' inner groups that only waited for them (a descent into a TP
+        group: analyzer/diagnosis/inner_groups.py): held by the incident, not its culprits."""
+        inner = self.evidence.get("inner")
+        text = inner.get("waited") if isinstance(inner, dict) else None
+        try:
+            return parse_ranks(text).tolist() if isinstance(text, str) and text.strip() else []
+        except ValueError:
+            return []
+
+    @property
     def host_side(self) -> bool:
         """A stall the kernel windows show as the host's (the GPUs idle, no kernel launched)."""
         return "host_gap_ms" in self.evidence

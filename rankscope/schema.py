@@ -215,8 +215,16 @@ TRACE_STAGES = StageSet((
     Stage("host_idle", "host", description="time in the iteration when the GPU runs nothing"),
 ))
 
-#: Every stage known without a ``[stages]`` declaration: the default set, then the trace set.
-KNOWN_STAGES = StageSet(DEFAULT_STAGES.stages + TRACE_STAGES.stages)
+#: The collectives of the tensor-parallel group (an inner group: on one node), where a job times
+#: them: the simulator with tp > 1, ``import-nccl`` for the communicators of one host. Every member
+#: waits there for the group's slowest, which waits least: the stage that names which member of
+#: a group that looks slow from outside (all of it arrives late at the outer collectives) is slow.
+TP_COMM = Stage("tp_comm", "comm", "tp", "TP all-reduces (and other collectives of an intra-node group), the "
+                                       "wait for its slowest member included")
+
+#: Every stage known without a ``[stages]`` declaration: the default set, the TP collectives, then
+#: the trace set.
+KNOWN_STAGES = StageSet(DEFAULT_STAGES.stages + (TP_COMM,) + TRACE_STAGES.stages)
 
 
 

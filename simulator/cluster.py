@@ -7,9 +7,9 @@ chunk ``u`` (the ``ep`` consecutive dp indices that form its EP groups):
 1. **Compute**: per-occurrence ``attention`` and ``mlp`` (one layer, one
    microbatch, forward + backward), ``optimizer`` and ``dataloader``: a healthy
    median x a persistent per-GPU speed x per-iteration lognormal noise x the
-   factors of the active faults. With ``tp > 1`` the TP ranks of one position
-   compute in lockstep (TP collectives sit inside these kernels), so each
-   measures the TP group's slowest.
+   factors of the active faults. With ``tp > 1`` each layer's attention and MLP end with TP
+   all-reduces: every member leaves them when the TP group's slowest is done (plus the
+   transfers); its ``tp_comm`` is its wait for that member (the slow one waits least).
 2. **EP all-to-all** (per layer): a collective finishes when its LAST member
    arrives plus its transfer time; each member measures ``finish - own arrival``.
    Forward runs attention -> dispatch -> mlp -> combine, backward combine -> mlp
@@ -45,8 +45,9 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from rankscope.schema import DEFAULT_STAGES, SchemaError, StageSet
+from rankscope.schema import DEFAULT_STAGES, TP_COMM, SchemaError, StageSet
 from rankscope.stage_rows import LOCAL_GPU, stage_rows
+from rankscope.topology import Topology
 from simulator.faults import Fault
 from simulator.model_params import ModelParams
 from simulator.scenario import Scenario
@@ -89,16 +90,28 @@ def expected_max_z(n: int) -> float:
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
-def check_stages(stages: StageSet) -> StageSet:
-    """The model times exactly the default stages (in any order); refuse anything else."""
-    want = {(s.name, s.kind, s.group) for s in DEFAULT_STAGES}
+def model_stages(topo: Topology) -> StageSet:
+    """The stages the model times for ``topo``: the default set, and with tp > 1 the TP
+    collectives (``tp_comm``) after the MLP."""
+    if topo.tp == 1:
+        return DEFAULT_STAGES
+    names = DEFAULT_STAGES.names
+    cut = names.index("mlp") + 1
+    return StageSet(DEFAULT_STAGES.stages[:cut] + (TP_COMM,) + DEFAULT_STAGES.stages[cut:])
+
+
+def check_stages(stages: StageSet, topo: Topology) -> StageSet:
+    """The model times exactly its stages for ``topo`` (:func:`model_stages`, in any order);
+    refuse anything else."""
+    model = model_stages(topo)
+    want = {(s.name, s.kind, s.group) for s in model}
     got = {(s.name, s.kind, s.group) for s in stages}
     if got != want:
         missing = sorted(n for n, *_ in want - got)
         extra = sorted(n for n, *_ in got - want)
         raise SchemaError(
             "the simulator models the default MoE stages only ("
-            + ", ".join(DEFAULT_STAGES.names) + "); "
+            + ", ".join(model.names) + "); "
             + (f"missing or changed: {', '.join(missing)}; " if missing else "")
             + (f"not modelled: {', '.join(extra)}" if extra else "").rstrip("; ")
         )
@@ -112,10 +125,10 @@ class ClusterSimulator:
     timestamp is ``start_ms`` + the job iteration times of iterations 0..i.
     """
 
-    def __init__(self, scenario: Scenario, stages: StageSet = DEFAULT_STAGES,
+    def __init__(self, scenario: Scenario, stages: StageSet | None = None,
                  params: ModelParams | None = None, start_ms: int = 0):
         self.scenario = scenario
-        self.stages = check_stages(stages)
+        self.stages = check_stages(stages or model_stages(scenario.topology), scenario.topology)
         self.params = params or ModelParams.from_dict(scenario.model)
         self.topology = topo = scenario.topology
         self.start_ms = int(start_ms)
@@ -143,13 +156,14 @@ class ClusterSimulator:
         self.next_of = nxt.copy()
         self.next_rank = topo.rank_of(topo.tp_index[nxt], self.pp_index[nxt] + 1, topo.dp_index[nxt])
         self.c_ep = expected_max_z(topo.ep)
+        self.c_tp = expected_max_z(topo.tp)
         self.c_dp = expected_max_z(topo.dp)
         rng = np.random.default_rng([scenario.seed, 0])
         self.gpu_speed = np.exp(np.clip(rng.standard_normal(w), -3, 3) * p.gpu_speed_sigma)
         self._sig = np.array([p.iteration_sigma, p.iteration_sigma, p.iteration_sigma, p.host_sigma])[:, None]
         self._base = np.array([p.attention_ms, p.mlp_ms, p.optimizer_ms, p.dataloader_ms])[:, None]
         self._faults = [(f, self._rows_of(f)) for f in scenario.faults]
-        self._column = np.array([self.stages.names.index(n) for n in DEFAULT_STAGES.names])
+        self._column = np.array([self.stages.names.index(n) for n in model_stages(topo).names])
         self.occurrences = self._occurrences()
 
     @property
@@ -160,7 +174,7 @@ class ClusterSimulator:
     # ----------------------------------------------------------- structure
     def _occurrences(self) -> dict[str, int]:
         lm = self.params.layers_per_stage * self.params.microbatches
-        per_layer = {"attention": lm, "mlp": lm, "dispatch": lm, "combine": lm}
+        per_layer = {"attention": lm, "mlp": lm, "tp_comm": lm, "dispatch": lm, "combine": lm}
         per_mb = {"pp_send": self.params.microbatches, "pp_recv": self.params.microbatches}
         return {n: per_layer.get(n, per_mb.get(n, 1)) for n in self.stages.names}
 
@@ -199,12 +213,13 @@ class ClusterSimulator:
         n_ep, n_dp, n_edp = len(self.ep_members), len(self.dp_members), len(self.edp_members)
         tnoise = np.exp(np.clip(rng.standard_normal(n_ep + self.world + 2 * n_dp + n_edp), -3.5, 3.5)
                         * self.params.transfer_sigma)
-        dispatch, combine, work = self._all_to_all(attn, mlp, link, tnoise[:n_ep])
+        a_tp, m_tp, tp_comm = self._tensor_parallel(attn, mlp, i)
+        dispatch, combine, work = self._all_to_all(a_tp, m_tp, link, tnoise[:n_ep])
         pp_send, pp_recv, dispatch, arrive = self._pipeline(work, load, dispatch, link,
                                                             tnoise[n_ep:n_ep + self.world])
         iteration_ms, reduce_scatter, expert_reduce, all_gather = self._data_parallel(
             arrive, opt, link, tnoise[n_ep + self.world:])
-        cols = (attn, mlp, dispatch, combine, pp_send, pp_recv, reduce_scatter, expert_reduce, all_gather, opt,
+        cols = (attn, mlp, *(() if self.tp_members is None else (tp_comm,)), dispatch, combine, pp_send, pp_recv, reduce_scatter, expert_reduce, all_gather, opt,
                 load)
         values = np.empty((self.world, len(cols)))
         values[:, self._column] = np.column_stack(cols)
@@ -235,10 +250,24 @@ class ClusterSimulator:
         noise = np.exp(z * self._sig)
         base = self._base * noise * factor[:4]
         base[:3] *= self.gpu_speed
-        if self.tp_members is not None:  # TP lockstep: each measures its TP group's slowest
-            base[0] = base[0][self.tp_members].max(1)[self.tp_gid]
-            base[1] = base[1][self.tp_members].max(1)[self.tp_gid]
         return base
+
+    def _tensor_parallel(self, attn: np.ndarray, mlp: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """TP all-reduces (tp > 1): each layer's attention and MLP end, for every member, when the
+        TP group's slowest is done plus the transfers (two all-reduces each, forward and backward).
+        Returns when the members leave attention and the MLP (what the EP all-to-alls see) and
+        each rank's ``tp_comm`` (its waits for the slowest member and the transfers)."""
+        if self.tp_members is None:
+            return attn, mlp, np.full(self.world, np.nan)
+        p, so = self.params, self.params.occurrence_sigma
+        rng = np.random.default_rng([self.scenario.seed, 8, i])
+        t = 2 * p.tp_transfer_ms * np.exp(np.clip(rng.standard_normal((2, len(self.tp_members))), -3.5, 3.5)
+                                          * p.transfer_sigma)
+        out = []
+        for k, own in enumerate((attn, mlp)):
+            m = own[self.tp_members]
+            out.append((m.max(1) + self.c_tp * so * m.mean(1) + t[k])[self.tp_gid])
+        return out[0], out[1], (out[0] - attn) + (out[1] - mlp)
 
     def _all_to_all(self, attn: np.ndarray, mlp: np.ndarray, link: np.ndarray | None,
                     tnoise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

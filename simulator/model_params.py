@@ -32,6 +32,9 @@ class ModelParams:
     dataloader_ms: float = 120.0
     #: Pure transfer time of one EP all-to-all (one direction of dispatch or combine).
     ep_transfer_ms: float = 2.5
+    #: Pure transfer time of one TP all-reduce (NVLink; tp > 1): a layer runs four, after attention
+    #: and after the MLP, forward and backward.
+    tp_transfer_ms: float = 0.3
     #: Pure transfer time of one pipeline p2p message (an activation or a gradient).
     pp_transfer_ms: float = 6.0
     #: Pure transfer time of the DP reduce-scatter of the dense (non-expert) gradients.

@@ -18,7 +18,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from rankscope import schema
-from rankscope.schema import DEFAULT_STAGES, StageSet
+from rankscope.schema import StageSet
 from rankscope.store import Store
 from rankscope.topology import Topology
 from simulator.cluster import ClusterSimulator
@@ -54,7 +54,7 @@ def events_frame(job: str, events: Sequence[EventSpec], time_ms: int, topology: 
 
 def simulate(scenario: Scenario, store: Store, iterations: int | None = None, live: bool = False,
              speed: float = 1.0, truth_path: str | Path | None = None, start_ms: int | None = None,
-             progress: bool = True, stages: StageSet = DEFAULT_STAGES) -> Truth:
+             progress: bool = True, stages: StageSet | None = None) -> Truth:
     """Run a scenario into ``store``; returns (and, given ``truth_path``, writes) its ground truth.
 
     Backfill (default): timestamps are spaced by the simulated job iteration
@@ -85,7 +85,7 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
     return truth
 
 
-def _begin_ms(scenario: Scenario, stages: StageSet, live: bool, start_ms: int | None) -> int:
+def _begin_ms(scenario: Scenario, stages: StageSet | None, live: bool, start_ms: int | None) -> int:
     """Where the simulated clock starts: now (live), ``start_ms``, or the run's length before now."""
     now = int(time.time() * 1000)
     if live:

@@ -35,7 +35,7 @@ def test_stage_times_add_up_to_the_iteration_time(topo):
                 {"kind": "link_degradation", "node": 2, "factor": 3.0, "start": 2}], topo=topo, iterations=3)
     sim, results = steps(sc)
     for res in results:
-        assert res.values.shape == (sc.topology.world, len(DEFAULT_STAGES))
+        assert res.values.shape == (sc.topology.world, len(sim.stages))
         assert (res.values >= 0).all()
         assert np.allclose(res.values @ sim.occurrence_counts, res.iteration_ms, rtol=1e-9)
         # ranks of one DP group finish the iteration together
@@ -55,7 +55,7 @@ def test_stages_a_topology_lacks_are_not_timed_and_the_rest_still_add_up(topo, a
     sc = small([{"kind": "link_degradation", "node": 0, "factor": 3.0, "start": 1}], topo=topo, iterations=3)
     sim, results = steps(sc)
     assert sim.absent_stages == absent
-    cols = [DEFAULT_STAGES.index(n) for n in absent]
+    cols = [sim.stages.index(n) for n in absent]
     for res in results:
         assert np.isnan(res.values[:, cols]).all()
         rest = np.delete(res.values, cols, axis=1)
@@ -107,14 +107,19 @@ def test_healthy_il0477_takes_about_30s():
     assert 11_000 < np.median(mlp_total) < 15_000
 
 
-def test_tp_ranks_compute_in_lockstep():
-    topo = {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "gpus_per_node": 4}
+def test_tp_members_wait_for_the_slowest_in_their_all_reduces():
+    topo = {"tp": 4, "pp": 2, "dp": 8, "ep": 4, "gpus_per_node": 8}
     sc = small([{"kind": "compute_slowdown", "ranks": 9, "stage": "mlp", "factor": 3.0}], topo=topo, iterations=1)
     sim, (res,) = steps(sc)
-    k = DEFAULT_STAGES.index("mlp")
-    peer = [r for r in sc.topology.group_ranks("tp", 9) if r != 9][0]
-    assert res.values[9, k] == res.values[peer, k] > 100
-    assert np.median(res.values[:, k]) < 50
+    assert sim.stages.names[:3] == ["attention", "mlp", "tp_comm"] and "tp_comm" not in DEFAULT_STAGES
+    k, t, d = (sim.stages.index(n) for n in ("mlp", "tp_comm", "dispatch"))
+    mates = [r for r in sc.topology.group_ranks("tp", 9) if r != 9]
+    # its own MLP is slow, its TP mates' is not: they wait for it in the all-reduces instead
+    assert res.values[9, k] > 100 and (res.values[mates, k] < 50).all()
+    assert (res.values[mates, t] > 70).all() and res.values[9, t] < 5
+    # the whole TP group arrives late at the EP all-to-all: from outside, all four look late
+    ep_mates = np.setdiff1d(sc.topology.group_ranks("ep", 9), sc.topology.group_ranks("tp", 9))
+    assert res.values[[9, *mates], d].max() < res.values[ep_mates, d].min()
 
 
 def test_single_stage_pipeline_has_no_p2p_fields():

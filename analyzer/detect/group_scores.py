@@ -71,6 +71,25 @@ def group_medians(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     return _quiet(nanmedian, values[members], axis=1)
 
 
+#: Groups up to this size get each member's exact leave-one-out median (a k x k mask per group);
+#: in larger ones a member moves its group's median by a rank at most, and the median is taken.
+EXACT_MATES = 16
+
+
+def mates_medians(values: np.ndarray, members: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
+    """For every rank and column, the median of the *other* members of its group, ``[R, S]``:
+    in a group of two a member's partner (where the group's median, their mean, says little)."""
+    k = members.shape[1]
+    if k > EXACT_MATES:
+        return group_medians(values, members)[group_ids]
+    g = values[members]                                              # [G, k, S]
+    others = np.where(np.eye(k, dtype=bool)[None, :, :, None], np.nan, g[:, None, :, :])   # [G, k, k, S]
+    med = _quiet(np.nanmedian, others, axis=2)                       # [G, k, S]
+    out = np.full(values.shape, np.nan)
+    out[members.reshape(-1)] = med.reshape(-1, values.shape[1])
+    return out
+
+
 def group_quantiles(values: np.ndarray, members: np.ndarray, q: float) -> np.ndarray:
     """Quantile ``q`` of every group and stage, ``[G, S]``."""
     return _quiet(nanquantile, values[members], q, axis=1)

@@ -37,14 +37,18 @@ import warnings
 import numpy as np
 
 from analyzer.config import AnalyzerConfig
-from analyzer.detect.group_scores import group_medians
+from analyzer.detect.group_scores import group_medians, mates_medians
 from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.inner_groups import Descent, descend, note_descent
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_evidence import split_by_onset_and_place
 from analyzer.diagnosis.rule import Rule, culprit_incident, set_culprits
 from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, format_ranks, rank_phrase
+
+#: A group's median rose only beyond this many sigmas of its own swings (as its baseline learned them).
+NOISE_Z = 3.0
 
 
 class ArrivalRule(Rule):
@@ -57,23 +61,30 @@ class ArrivalRule(Rule):
         self.comm = np.array([st.kind == "comm" and topo.group_size(st.group) > 1 for st in stages])
         self.cause = np.array([st.kind in ("compute", "host") for st in stages])
         n, s = topo.world, len(stages)
-        self.base = np.full((n, s), np.nan)     # baseline of the group median each rank sees
+        self.base = np.full((n, s), np.nan)     # baseline of the median of each rank's group-mates
         self.streak = np.zeros(n, dtype=np.int64)
         self.onset = np.zeros(n, dtype=np.int64)
         self.flagged = np.zeros(n, dtype=bool)
         self.held = np.zeros(n, dtype=bool)      # culprits of this rule's open incidents
+        self.var = np.zeros((n, s))             # ... its variance
+        self.own = np.full((n, s), np.nan)      # ... and of its own time
+        self.ratios = np.full((cfg.smooth, 2, n, int(self.comm.sum())), np.nan)   # each rank's last ratios
+        self.t = 0
         self._spans: tuple[Topology, np.ndarray] | None = None
 
-    def _medians(self, vals: np.ndarray) -> np.ndarray:
-        """The median of the collective group each rank is in, per comm stage ``[R, S_comm]``
-        (a group of waits may have a median of 0, where a ratio to it says nothing)."""
+    def _medians(self, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per comm stage ``[R, S_comm]``: the median of the collective group each rank is in (its
+        collective got longer when it rose), and the median of the rank's group-mates (in a group
+        of two its partner), against which it is short (a group of waits may have a median of 0,
+        where a ratio to it says nothing)."""
         cols = np.flatnonzero(self.comm)
-        out = np.full((self.topo.world, len(cols)), np.nan)
+        med, mates = np.full((self.topo.world, len(cols)), np.nan), np.full((self.topo.world, len(cols)), np.nan)
         for kind in {self.stages.stages[int(j)].group for j in cols}:
             mine = np.array([self.stages.stages[int(j)].group == kind for j in cols])
-            med = group_medians(vals[:, cols[mine]], self.topo.members(kind))
-            out[:, mine] = med[self.topo.group_ids(kind)]
-        return out
+            members, gid = self.topo.members(kind), self.topo.group_ids(kind)
+            med[:, mine] = group_medians(vals[:, cols[mine]], members)[gid]
+            mates[:, mine] = mates_medians(vals[:, cols[mine]], members, gid)
+        return med, mates
 
     def spans_hosts(self) -> np.ndarray:
         """``[R, S_comm]``: the rank's collective group in that stage spans several nodes (its
@@ -101,23 +112,53 @@ class ArrivalRule(Rule):
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             v = vals[:, c]
-            med = self._medians(vals)                                     # the group's median
-            smooth = obs.scores.smooth_ratio[:, c]
-            base = self.base[:, c]
-            valid = np.isfinite(v) & np.isfinite(med) & (med > 0)
-            rose = valid & np.isfinite(base) & (med > cfg.arrival_rise * base)
+            mates = self._medians(vals)[1]                      # the median of the rank's group-mates
+            base, own = self.base[:, c], self.own[:, c]
+            to_mates, to_own = self._smoothed(v / mates, v / own)
+            valid = np.isfinite(v) & np.isfinite(mates) & (mates > 0)
             # across hosts, a lead within the clocks' skew is no lead
             gap = np.where(self.spans_hosts(), max(cfg.arrival_min_gap_ms, cfg.arrival_clock_skew_ms),
                            cfg.arrival_min_gap_ms)
-            short = rose & (smooth < cfg.arrival_short_ratio) & (med - v > gap)
-            n_rose, n_short = rose.sum(axis=1), short.sum(axis=1)
-            flag = (n_short >= 1) & (2 * n_short > n_rose)
-            # the baseline follows the group medians the rank sees while it is not flagged
-            upd = valid & ~flag[:, None]
-            new = np.where(np.isfinite(base), (1 - alpha) * base + alpha * med, med)
-            base = np.where(upd, new, base)
-        self.base[:, c] = base
+            # its mates wait longer: beyond the rise, and beyond 3 sigmas of their median's own
+            # swings (the waits of small collectives swing a lot)
+            rose = (valid & np.isfinite(base) & (mates > cfg.arrival_rise * base)
+                    & (mates - base > NOISE_Z * np.sqrt(self.var[:, c])))
+            waits = np.isfinite(own) & (to_own > cfg.arrival_rise) & (v - own > gap)   # ... or it does
+            calm = 1.0 + 0.5 * (cfg.arrival_rise - 1.0)
+            # short: well under its mates', or its own time as it was while theirs rose
+            short = (rose & ~waits & (mates - v > gap)
+                     & ((to_mates < cfg.arrival_short_ratio) | (to_own < calm)))
+            n_rose, n_short = (rose | waits).sum(axis=1), short.sum(axis=1)
+            # and ahead of 2 other ranks at least: in a pair, which one is late is a coin toss
+            flag = (n_short >= 1) & (2 * n_short > n_rose) & (self._mates_behind(short) >= 2)
+            # the baselines follow what the rank sees while it is neither flagged nor short anywhere
+            # (a rise in the making, before the flag's smoothing, is not learned)
+            quiet = ~(flag | short.any(axis=1))[:, None]
+            learn = valid & quiet
+            dev = np.nan_to_num(mates - base)
+            self.var[:, c] = np.where(learn & np.isfinite(base), (1 - alpha) * (self.var[:, c] + alpha * dev * dev),
+                                      self.var[:, c])
+            base = np.where(learn, _ewma(base, mates, alpha), base)
+            own = np.where(np.isfinite(v) & quiet & ~waits, _ewma(own, v, alpha), own)
+        self.base[:, c], self.own[:, c] = base, own
         return flag & obs.present
+
+    def _mates_behind(self, short: np.ndarray) -> np.ndarray:
+        """Per rank, how many group-mates the collectives it is short in hold (each group kind
+        counted once: ``pp_send`` and ``pp_recv`` have the same partner)."""
+        kinds = [self.stages.stages[int(j)].group for j in np.flatnonzero(self.comm)]
+        out = np.zeros(short.shape[0], dtype=np.int64)
+        for kind in set(kinds):
+            cols = [i for i, k in enumerate(kinds) if k == kind]
+            out += short[:, cols].any(axis=1) * (self.topo.group_size(kind) - 1)
+        return out
+
+    def _smoothed(self, to_mates: np.ndarray, to_own: np.ndarray) -> np.ndarray:
+        """The medians of each rank's last ``smooth`` ratios to its group-mates' time and to its
+        own baseline (this iteration's included), ``[2, R, S_comm]``."""
+        self.ratios[self.t % self.ratios.shape[0]] = (to_mates, to_own)
+        self.t += 1
+        return np.nanmedian(self.ratios[:min(self.t, self.ratios.shape[0])], axis=0)
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
         flag = self._flag(obs)
@@ -138,6 +179,9 @@ class ArrivalRule(Rule):
         for inc in book.open():   # ranks next to an open incident of this rule join it
             if inc.cls != IncidentClass.ARRIVAL_STRAGGLER:
                 continue
+            waited = np.isin(ranks, inc.waiting_ranks)   # they wait for its culprit: held, not named
+            self.held[ranks[waited]] = True
+            ranks = ranks[~waited]
             join = np.isin(self.topo.node_index[ranks], inc.nodes)
             if join.any():
                 set_culprits(inc, np.union1d(inc.ranks, ranks[join]), self.topo)
@@ -150,14 +194,29 @@ class ArrivalRule(Rule):
         gap = self.cfg.transient_max + 1
         for part, onsets in split_by_onset_and_place(ranks, self.onset[ranks], gap, self.topo):
             onset = int(onsets.min())
-            inc = culprit_incident(self.job, IncidentClass.ARRIVAL_STRAGGLER, part, self.topo, onset,
+            d = self._descend(part, onset, obs)   # a TP group late together: the one its mates waited for
+            inc = culprit_incident(self.job, IncidentClass.ARRIVAL_STRAGGLER, d.ranks, self.topo, onset,
                                    obs.window.time_of(onset, obs.time_ms), stage=None, ratio=1.0,
                                    group_type=None, group_ranks=[])
-            self.held[part] = True
+            self.held[np.union1d(part, d.ranks)] = True
             self._evidence(inc, obs)
+            note_descent(inc, d)
             book.judge_events(inc, obs.window)
             out.append(book.register(inc))
         return out
+
+    def _descend(self, ranks: np.ndarray, onset: int, obs: Observation) -> Descent:
+        """:func:`~analyzer.diagnosis.inner_groups.descend` with each rank's excess its lead in the
+        collectives (how much later it arrives than its group's median, at its most)."""
+        win = obs.window
+        now, before = win.values[win.since(onset)], win.values[win.before(onset)]
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            level = np.nanmedian(now, axis=0)
+            lead = self._medians(level)[1] - level[:, self.comm]
+            excess = np.nanmax(np.where(np.isfinite(lead), lead, -np.inf), axis=1)
+        return descend(ranks, now, before, np.where(np.isfinite(excess), excess, np.nan), self.topo,
+                       self.stages, self.cfg)
 
     def _collectives(self, ranks: np.ndarray, now: np.ndarray, before: np.ndarray) -> list[dict]:
         """Per comm stage the culprits' median time against their group-mates', now and before
@@ -217,10 +276,12 @@ class ArrivalRule(Rule):
         if obs.l1_step:
             summary += (f" Job iteration time {obs.l1_step['before_ms'] / 1000:.2f} s -> "
                         f"{obs.l1_step['after_ms'] / 1000:.2f} s at iteration {obs.l1_step['iteration']}.")
+        inner = inc.evidence.get("inner")   # a descent into inner groups stays
         inc.evidence = {"summary": summary + clocks.pop("sentence", ""), "stage": inc.stage, "stage_kind": "comm",
                         "ratio": inc.ratio, "arrived_last": True, "from_communication_alone": True,
                         "lead_ms": round(float(best["groupmates_ms"] - best["culprit_ms"]), 3),
-                        "collectives": rows, "short_stages": short, "l1": obs.l1_step, **clocks}
+                        "collectives": rows, "short_stages": short, "l1": obs.l1_step, **clocks,
+                        **({"inner": inner} if inner else {})}
 
     def _clocks(self, inc: Incident, best: dict) -> dict:
         """Where the culprits' group spans hosts: the clock-skew bound on the resolution, for the
@@ -245,7 +306,12 @@ class ArrivalRule(Rule):
         return bool(self.flagged[ranks[reporting]].mean() >= 0.5)
 
     def resolved(self, inc: Incident) -> None:
-        self.held[np.asarray(inc.ranks, dtype=np.int64)] = False
+        self.held[np.union1d(inc.ranks, inc.waiting_ranks).astype(np.int64)] = False
 
     def adopt(self, inc: Incident) -> None:
-        self.held[np.asarray(inc.ranks, dtype=np.int64)] = True
+        self.held[np.union1d(inc.ranks, inc.waiting_ranks).astype(np.int64)] = True
+
+
+def _ewma(base: np.ndarray, x: np.ndarray, alpha: float) -> np.ndarray:
+    """``base`` moved towards ``x`` by ``alpha`` (``x`` where there is no base yet)."""
+    return np.where(np.isfinite(base), (1 - alpha) * base + alpha * x, x)

@@ -88,6 +88,7 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
     comm, arrived_last = _collectives(inc, ranks, since, obs, topo, stages, short_ratio)
     summary = _summary(inc, obs, stages, comm, arrived_last, ratio, loc_kind, loc_ranks,
                        culprit_ms, group_median_ms, loc_cv)
+    inner = inc.evidence.get("inner")   # a descent into inner groups (inner_groups.py) stays
     inc.evidence = {
         "summary": summary, "stage": inc.stage, "stage_kind": stages[inc.stage].kind,
         "ratio": round(ratio, 3), "culprit_ms": round(culprit_ms, 3),
@@ -95,6 +96,7 @@ def write_rank_evidence(inc: Incident, obs: Observation, topo: Topology, stages:
         "group": {"type": loc_kind, "id": int(topo.group_ids(loc_kind)[ranks[0]]),
                   "ranks": format_ranks(loc_ranks), "cv": round(loc_cv, 3)},
         "collectives": comm, "arrived_last": arrived_last, "l1": obs.l1_step,
+        **({"inner": inner} if inner else {}),
     }
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.inner_groups import descend_in_stage, note_descent
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_cells import RankCells
 from analyzer.diagnosis.rank_evidence import (
@@ -71,9 +72,13 @@ class StragglerRule(Rule):
             if not len(ranks):
                 continue
             for part_r, part_o in split_by_onset_and_place(ranks, onsets, gap, self.topo):
-                inc = new_rank_incident(self.job, cls, stage, part_r, part_o, obs, self.topo)
-                cells.claim(part_r, s)
+                # all of a TP group looks slow when it waits for one member: name that one
+                d = descend_in_stage(part_r, int(part_o.min()), s, obs, self.topo, self.stages, self.cfg)
+                inc = new_rank_incident(self.job, cls, stage, d.ranks, np.full(len(d.ranks), part_o.min()),
+                                        obs, self.topo)
+                cells.claim(np.union1d(part_r, d.ranks), s)
                 write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
+                note_descent(inc, d)
                 book.judge_events(inc, obs.window)
                 inc = book.register(inc)
                 out.append(inc)
@@ -87,6 +92,10 @@ class StragglerRule(Rule):
         for inc in book.open():
             if inc.cls != cls:
                 continue
+            waited = np.isin(ranks, inc.waiting_ranks)   # they wait for its culprit: held, not named
+            if waited.any():
+                self.cells.claim(ranks[waited], s)
+                ranks, onsets = ranks[~waited], onsets[~waited]
             overlap = np.isin(ranks, inc.ranks)
             near = np.abs(onsets - inc.onset_iteration) <= gap
             close = ((distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node)
@@ -97,8 +106,11 @@ class StragglerRule(Rule):
                 take = ranks[join | mostly]
                 self.cells.claim(take, s)
                 if inc.stage == stage and not np.isin(take, inc.ranks).all():
-                    set_culprits(inc, np.union1d(inc.ranks, take), self.topo)
+                    d = descend_in_stage(np.union1d(inc.ranks, take), inc.onset_iteration, s, obs, self.topo,
+                                         self.stages, self.cfg)
+                    set_culprits(inc, d.ranks, self.topo)
                     write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
+                    note_descent(inc, d)
                     out.append(inc)
                 keep = ~np.isin(ranks, take)
                 ranks, onsets = ranks[keep], onsets[keep]

@@ -48,6 +48,7 @@ import numpy as np
 
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
+from analyzer.diagnosis.inner_groups import Descent, descend_in_stage, note_descent
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_cells import RankCells
 from analyzer.diagnosis.rank_evidence import (
@@ -217,10 +218,13 @@ class TransientStallRule(Rule):
 
     def _incident(self, p: StallPart, obs: Observation, book: IncidentBook) -> Incident:
         """A transient-stall incident, written resolved (registered in ``book``)."""
+        d = (descend_in_stage(p.ranks, int(p.onsets.min()), p.s, obs, self.topo, self.stages, self.cfg)
+             if p.peak is None else Descent(p.ranks))
         inc = new_rank_incident(self.job, IncidentClass.TRANSIENT_STALL, self.stages.stages[p.s].name,
-                                p.ranks, p.onsets, obs, self.topo)
+                                d.ranks, np.full(len(d.ranks), p.onsets.min()), obs, self.topo)
         if p.peak is None:
             write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
+            note_descent(inc, d)
         else:
             write_stage_stall_evidence(inc, p.peak, p.cost, obs, self.topo, self.stages)
         book.judge_events(inc, obs.window)

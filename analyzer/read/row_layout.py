@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope import schema
-from rankscope.schema import DEFAULT_STAGES, StageSet
+from rankscope.schema import StageSet
 from rankscope.topology import Topology, TopologyError
 from rankscope.topology_inference import infer_topology
 
@@ -41,11 +41,11 @@ def chunk_topology(frame: pd.DataFrame, previous: Topology | None) -> Topology:
 
 
 def stages_of(columns) -> StageSet:
-    """The known stages present in the data: the default set's and the model-agnostic trace
-    set's (``schema.TRACE_STAGES``, what ``import-trace`` writes); unknown columns are ignored
-    with a warning."""
+    """The known stages present in the data (``schema.KNOWN_STAGES``: the default set's, the TP
+    collectives and the model-agnostic trace set's, what ``import-trace`` writes); unknown columns
+    are ignored with a warning."""
     cols = set(schema.stage_fields(columns))
-    known = [s for s in (*DEFAULT_STAGES, *schema.TRACE_STAGES) if s.name in cols]
+    known = [s for s in schema.KNOWN_STAGES if s.name in cols]
     unknown = cols - {s.name for s in known}
     if unknown:
         log.warning("ignoring stage field(s) the analyzer has no declaration for: %s "

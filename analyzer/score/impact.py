@@ -134,8 +134,11 @@ class ImpactTracker:
         if inc.cls in NO_WHAT_IF or not len(win):
             return float("nan")
         it = win.iterations
+        # the culprits' and the ranks that only waited for them inside their inner groups (which
+        # look slow as long as the culprits are: their excess is the culprits')
+        held = np.union1d(inc.ranks, inc.waiting_ranks).astype(np.int64)
         if inc.id not in self._footing:   # once, while the window still holds the iterations before
-            then = footing(win.values[it < inc.onset_iteration][-BEFORE_ITERATIONS:], inc.ranks, stages)
+            then = footing(win.values[it < inc.onset_iteration][-BEFORE_ITERATIONS:], held, stages)
             if then.known:
                 self._footing[inc.id] = then
         during = it >= inc.last_onset
@@ -143,5 +146,5 @@ class ImpactTracker:
             during &= it < inc.resolved_iteration
         if not during.any():   # the episode has left the window: its figure stands
             return imp.iteration_s_if_restored
-        now = footing(win.values[during][-NOW_ITERATIONS:], inc.ranks, stages)
+        now = footing(win.values[during][-NOW_ITERATIONS:], held, stages)
         return restored_s(imp.iteration_s_before, imp.iteration_s_now, self._footing.get(inc.id, Footing()), now)

@@ -115,12 +115,15 @@ class TransferFloorScorer:
 
 
 def intersect_risen(topo: Topology, scores: FloorScores) -> tuple[np.ndarray, str | None, float]:
-    """Ranks at the intersection of all kinds' risen groups; the stage whose floor rose most.
-
-    Kinds with no risen group do not constrain. Empty when nothing rose.
+    """The ranks in risen groups of the most kinds (a degraded link slows every kind of
+    collective its ranks take part in), with those of their nodes one kind short of that; the
+    stage whose floor rose most among their groups. Kinds with no risen group do not constrain,
+    and a group risen by chance elsewhere (a TP group's floor is a sum of waits, and noisy) is in
+    fewer kinds. Where no rank is in risen groups of two kinds, the smallest set. Empty when
+    nothing rose.
     """
     sets: dict[str, np.ndarray] = {}
-    best_stage, best_ratio = None, 1.0
+    rose: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for name, kind, ratio, risen in zip(scores.stage, scores.kind, scores.ratio, scores.risen, strict=True):
         if not risen.any():
             continue
@@ -128,18 +131,27 @@ def intersect_risen(topo: Topology, scores: FloorScores) -> tuple[np.ndarray, st
         with np.errstate(all="ignore"):
             lr = np.log(ratio)
         risen = risen & (lr >= 0.5 * np.nanmax(lr[risen]))
-        ranks = topo.members(kind)[risen].reshape(-1)
-        sets[kind] = np.union1d(sets.get(kind, np.empty(0, np.int64)), ranks)
-        r = float(np.nanmax(ratio[risen]))
-        if r > best_ratio:
-            best_stage, best_ratio = name, r
+        sets[kind] = np.union1d(sets.get(kind, np.empty(0, np.int64)), topo.members(kind)[risen].reshape(-1))
+        rose.append((name, kind, ratio, risen))
     if not sets:
         return np.empty(0, np.int64), None, 1.0
-    # intersect from the smallest set; a kind that would empty the set is not trusted
-    order = sorted(sets.values(), key=len)
-    culprits = order[0]
-    for s in order[1:]:
-        nxt = np.intersect1d(culprits, s)
-        if len(nxt):
-            culprits = nxt
+    count = np.zeros(topo.world, dtype=np.int64)
+    for ranks in sets.values():
+        count[ranks] += 1
+    top = int(count.max())
+    if top >= 2:
+        # the ranks in risen groups of the most kinds, and those of their nodes one kind short of
+        # it (a noisy floor of one kind missed them this iteration); a group risen by chance
+        # elsewhere, in a kind or two, is not the link
+        core = np.flatnonzero(count == top)
+        near = (count >= top - 1) & np.isin(topo.node_index, topo.node_index[core])
+        culprits = np.flatnonzero(near) if top >= 3 else core
+    else:
+        culprits = min(sets.values(), key=len)
+    best_stage, best_ratio = None, 1.0
+    for name, kind, ratio, risen in rose:
+        mine = risen & np.isin(topo.members(kind), culprits).any(axis=1)
+        r = float(np.nanmax(ratio[mine])) if mine.any() else 1.0
+        if r > best_ratio:
+            best_stage, best_ratio = name, r
     return np.sort(culprits), best_stage, best_ratio
