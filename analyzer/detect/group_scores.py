@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -117,3 +118,38 @@ def sampled_sigma(x: np.ndarray) -> np.ndarray:
     if x.shape[0] > SIGMA_SAMPLE:
         x = x[np.linspace(0, x.shape[0] - 1, SIGMA_SAMPLE).astype(np.int64)]
     return robust_sigma(x, axis=0)
+
+
+#: The lower tail :func:`lower_sigma` reads: the ranks at these shares of a column, sorted.
+LOWER_QUANTILES = (0.05, 0.30)
+
+
+def _blom(i: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The expected standard normal value of the ``i``-th smallest (1-based) of ``n`` (Blom 1958)."""
+    inv = np.vectorize(lambda p: NormalDist().inv_cdf(float(p)), otypes=[float])
+    return inv((i - 0.375) / (n + 0.25))
+
+
+def lower_sigma(x: np.ndarray) -> np.ndarray:
+    """The noise scale of each column of ``x`` ``[R, S]`` from the lower tail of its ranks: the
+    distance between the ranks at its 5th and 30th percentiles, over the distance the same
+    order statistics of as many standard normal values have (Blom's scores, so a column of 8
+    ranks is read as fairly as one of 10,000; fewer than 4: the MAD).
+
+    Slowness moves ranks one way only (up), so ranks that went slow, up to 70% of them, leave
+    these order statistics to the others: half a small job (one node of two) slowing at once
+    cannot widen it, where the MAD becomes the gap between the two halves (50% is its breakdown
+    point: Rousseeuw and Croux, JASA 1993). With half of the ranks out it reads the rest's
+    spread somewhat too wide (a conservative error); noise that grows for the whole job widens
+    the lower tail too and is followed at once. An evenly spread sample of at most SIGMA_SAMPLE rows."""
+    if x.shape[0] > SIGMA_SAMPLE:
+        x = x[np.linspace(0, x.shape[0] - 1, SIGMA_SAMPLE).astype(np.int64)]
+    n = np.sum(np.isfinite(x), axis=0)
+    srt = np.sort(x, axis=0)                                     # NaN last
+    lo = np.clip(np.rint(LOWER_QUANTILES[0] * (n + 0.25) + 0.375), 1, np.maximum(n, 1)).astype(np.int64)
+    hi = np.clip(np.rint(LOWER_QUANTILES[1] * (n + 0.25) + 0.375), 1, np.maximum(n, 1)).astype(np.int64)
+    cols = np.arange(x.shape[1])
+    span = _blom(hi, np.maximum(n, 1)) - _blom(lo, np.maximum(n, 1))
+    with np.errstate(all="ignore"):
+        out = (srt[hi - 1, cols] - srt[lo - 1, cols]) / span
+    return np.where(n >= 4, out, robust_sigma(x, axis=0))

@@ -1,22 +1,22 @@
 """A stage's noise scale that half a group going slow at once cannot inflate.
 
 The scores measure how far a rank is out in robust sigmas of its stage, the sigma taken
-across the job's ranks each iteration (median absolute deviation). The MAD breaks down at
-50% contamination (Rousseeuw and Croux, "Alternatives to the Median Absolute Deviation",
-JASA 1993): when half of a small job stalls at once (one node of two) the sigma becomes the
-gap between the two halves, and no rank stands out. A stall is a change of a few iterations;
-the noise of a stage is not. So the sigma of an iteration is capped at ``ceiling`` times the
-median (``quantile``) of the sigmas of the last ``memory`` iterations: a stall of up to half
-that memory (a transient one lasts at most ``transient_max``, 3) cannot raise the scale,
-while noise that grows for real, the whole job's, is followed once it has lasted that long
-(in the meantime the tail of the wider noise stands out by at most ``ceiling`` times its z).
+across the job's ranks each iteration (from the lower tail of the ranks,
+:func:`~analyzer.detect.group_scores.lower_sigma`, which half a job going slow cannot widen).
+A stall is a change of a few iterations; the noise of a stage is not. So the sigma of an
+iteration is held between the median (``quantile``) of the sigmas of the last ``memory``
+iterations and ``ceiling`` times it: below, because an estimate from a few ranks that reads one
+iteration too narrow must not make a rank stand out by chance; above, because a stall of up to
+half that memory (a transient one lasts at most ``transient_max``, 3) must not raise the scale,
+while noise that grows for real, the whole job's, is followed once it has lasted that long (in
+the meantime the tail of the wider noise stands out by at most ``ceiling`` times its z).
 
 Parameters
 ----------
 stages: number of stages (columns) tracked.
 memory: iterations of past sigmas kept (default 8).
 quantile: the quantile of the past taken as its level (default 0.5, the median).
-ceiling: how far above that level an iteration's sigma may go (default 2).
+ceiling: how far above that level an iteration's sigma may go (default 2); it goes no lower than the level.
 least: past sigmas needed before the cap applies (default 4).
 
 Example::
@@ -57,7 +57,8 @@ class NoiseScale:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 level = np.nanquantile(self.past, self.quantile, axis=0)
             cap = np.where(seen >= self.least, self.ceiling * level, np.inf)
-            out = np.minimum(out, cap)   # NaN stays NaN (no value this iteration)
+            floor = np.where(seen >= self.least, level, 0.0)
+            out = np.clip(out, floor, cap)   # NaN stays NaN (no value this iteration)
         self.past[self.n % len(self.past)] = sigma
         self.n += 1
         return out

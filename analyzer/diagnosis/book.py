@@ -61,7 +61,7 @@ class IncidentBook:
         """Add an incident and return the one that stands for it from now on.
 
         One found again under the same id (after a restart) replaces it. One whose culprits
-        (same class, overlapping ranks) resolved less than ``reopen_within`` iterations ago
+        (same class, overlapping ranks or on the same machines) resolved less than ``reopen_within`` iterations ago
         reopens that incident as a new episode of an intermittent fault: same id, the new
         episode's evidence, ``episodes`` counted.
         """
@@ -82,7 +82,8 @@ class IncidentBook:
         for old in self._incidents.values():
             if (old.cls == inc.cls and not old.is_open and old.resolved_iteration >= 0
                     and inc.onset_iteration - old.resolved_iteration <= self.reopen_within
-                    and overlap(np.asarray(old.ranks, dtype=np.int64), ranks) >= 0.5
+                    and (overlap(np.asarray(old.ranks, dtype=np.int64), ranks) >= 0.5
+                         or (bool(inc.nodes) and set(inc.nodes) <= set(old.nodes)))   # the same machines
                     and (best is None or old.resolved_iteration > best.resolved_iteration)):
                 best = old
         return best

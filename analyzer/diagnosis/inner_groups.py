@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analyzer.config import AnalyzerConfig
+from analyzer.diagnosis.node_culprits import complete_nodes
 from analyzer.diagnosis.observation import Observation
 from rankscope.incident import Incident
 from rankscope.schema import StageSet
@@ -153,12 +154,16 @@ def note_descent(inc: Incident, d: Descent) -> None:
 
 def descend_in_stage(ranks: np.ndarray, onset: int, s: int, obs: Observation, topo: Topology,
                      stages: StageSet, cfg: AnalyzerConfig) -> Descent:
-    """:func:`descend` for ranks found slow in stage ``s`` from ``onset``: their excess is their
-    time in that stage since the onset over theirs before it."""
+    """The culprits of ranks found slow in compute or host stage ``s`` from ``onset``: the risen
+    ranks of their mostly slow nodes added (:func:`~analyzer.diagnosis.node_culprits.complete_nodes`),
+    then :func:`descend`, each rank's excess its largest rise in a compute or host stage (its time
+    since the onset over its time before): a TP group waits for its slow member after attention
+    and after the MLP alike."""
     win = obs.window
     now, before = win.values[win.since(onset)], win.values[win.before(onset)]
+    own = [j for j, st in enumerate(stages) if st.kind != "comm"] or [s]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        excess = (np.nanmedian(now[:, :, s], axis=0) - np.nanmedian(before[:, :, s], axis=0)
+        excess = (np.nanmax(np.nanmedian(now[:, :, own], axis=0) - np.nanmedian(before[:, :, own], axis=0), axis=1)
                   if len(before) and len(now) else np.full(topo.world, np.nan))
-    return descend(ranks, now, before, excess, topo, stages, cfg)
+    return descend(complete_nodes(ranks, now, before, s, topo), now, before, excess, topo, stages, cfg)

@@ -24,14 +24,19 @@ class RankCells:
         self.peak = np.ones(shape)
         self.peak_z = np.zeros(shape)
         self.assigned = np.zeros(shape, dtype=bool)
+        self.prev_out = np.zeros(shape, dtype=bool)
 
     def update(self, obs: Observation) -> None:
         """Lengthen the streaks of hot cells; a reporting rank's cold cells start again."""
         hot = obs.scores.hot
         prev = self.prev_streak = self.streak
         started = hot & (prev == 0)
-        self.onset = np.where(started, obs.iteration, self.onset)
-        self.streak = np.where(hot, prev + 1, np.where(obs.present[:, None], 0, prev))
+        # a cell the smoothing made hot an iteration late began where that iteration alone was out
+        late = started & self.prev_out
+        self.onset = np.where(started, obs.iteration - late, self.onset)
+        self.streak = np.where(hot, prev + 1 + late, np.where(obs.present[:, None], 0, prev))
+        out = obs.scores.out_now
+        self.prev_out = out if out is not None else np.zeros_like(hot)
         with np.errstate(invalid="ignore"):
             cur = np.fmax(obs.scores.smooth_ratio, obs.scores.ratio)
         self.peak = np.where(started, cur, np.where(hot, np.fmax(self.peak, cur), self.peak))

@@ -65,55 +65,66 @@ class StragglerRule(Rule):
         for s in np.unique(stages_c):
             s = int(s)
             ranks = np.unique(ranks_c[stages_c == s])
-            stage = self.stages.stages[s].name
-            cls = self.class_of(s)
-            onsets = cells.onset[ranks, s]
-            ranks, onsets = self._join_open(ranks, onsets, s, cls, obs, book, out)
-            if not len(ranks):
-                continue
-            for part_r, part_o in split_by_onset_and_place(ranks, onsets, gap, self.topo):
-                # all of a TP group looks slow when it waits for one member: name that one
-                d = descend_in_stage(part_r, int(part_o.min()), s, obs, self.topo, self.stages, self.cfg)
-                inc = new_rank_incident(self.job, cls, stage, d.ranks, np.full(len(d.ranks), part_o.min()),
-                                        obs, self.topo)
-                cells.claim(np.union1d(part_r, d.ranks), s)
-                write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
-                note_descent(inc, d)
-                book.judge_events(inc, obs.window)
-                inc = book.register(inc)
-                out.append(inc)
+            for part_r, part_o in split_by_onset_and_place(ranks, cells.onset[ranks, s], gap, self.topo):
+                # each part in turn: a part may join the incident the one before it opened
+                part_r, part_o = self._join_open(part_r, part_o, s, self.class_of(s), obs, book, out)
+                if len(part_r):
+                    self._open(part_r, part_o, s, obs, book, out)
         return out
+
+    def _open(self, ranks: np.ndarray, onsets: np.ndarray, s: int, obs: Observation, book: IncidentBook,
+              out: list[Incident]) -> None:
+        """A new incident for ``ranks`` of stage ``s``, but for the members of their inner groups
+        that only waited for one of them: all of a TP group looks slow when it waits for one member."""
+        cls = self.class_of(s)
+        d = descend_in_stage(ranks, int(onsets.min()), s, obs, self.topo, self.stages, self.cfg)
+        self.cells.claim(np.union1d(ranks, d.ranks), s)
+        held = next((i for i in book.open() if i.cls == cls and np.isin(d.ranks, i.ranks).all()), None)
+        if held is not None:   # they wait for the culprit of an open incident (found in another stage)
+            note_descent(held, d)
+            out.append(held)
+            return
+        inc = new_rank_incident(self.job, cls, self.stages.stages[s].name, d.ranks,
+                                np.full(len(d.ranks), onsets.min()), obs, self.topo)
+        write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
+        note_descent(inc, d)
+        book.judge_events(inc, obs.window)
+        out.append(book.register(inc))
 
     def _join_open(self, ranks: np.ndarray, onsets: np.ndarray, s: int, cls: IncidentClass,
                    obs: Observation, book: IncidentBook, out: list[Incident]) -> tuple[np.ndarray, np.ndarray]:
-        """Ranks that fit an open incident of the same class join it; the rest are returned."""
+        """Ranks that fit an open incident of the same class join it; the rest are returned. They
+        fit when they are its culprits, or on its nodes (one machine is one fault to drain, in any
+        stage, whenever its ranks cross the bar), or next to it with a close onset in its stage;
+        those that only wait for its culprits (inner groups) are held by it, not named."""
         stage = self.stages.stages[s].name
         gap = onset_gap(self.cfg.transient_max)
         for inc in book.open():
             if inc.cls != cls:
                 continue
-            waited = np.isin(ranks, inc.waiting_ranks)   # they wait for its culprit: held, not named
+            waited = np.isin(ranks, inc.waiting_ranks)
             if waited.any():
                 self.cells.claim(ranks[waited], s)
                 ranks, onsets = ranks[~waited], onsets[~waited]
-            overlap = np.isin(ranks, inc.ranks)
             near = np.abs(onsets - inc.onset_iteration) <= gap
-            close = ((distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node)
-                     | np.isin(self.topo.node_index[ranks], inc.nodes))
-            join = overlap | (near & close & (inc.stage == stage))
-            mostly = overlap.sum() >= 0.5 * len(ranks)
-            if mostly or join.any():
-                take = ranks[join | mostly]
-                self.cells.claim(take, s)
-                if inc.stage == stage and not np.isin(take, inc.ranks).all():
-                    d = descend_in_stage(np.union1d(inc.ranks, take), inc.onset_iteration, s, obs, self.topo,
-                                         self.stages, self.cfg)
-                    set_culprits(inc, d.ranks, self.topo)
-                    write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
-                    note_descent(inc, d)
-                    out.append(inc)
-                keep = ~np.isin(ranks, take)
-                ranks, onsets = ranks[keep], onsets[keep]
+            close = distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node
+            same_node = np.isin(self.topo.node_index[ranks], inc.nodes)
+            ours = np.isin(ranks, inc.ranks)
+            join = ours | same_node | (near & close & (inc.stage == stage))
+            if 2 * ours.sum() >= len(ranks):   # mostly its culprits: the rest come with them
+                join[:] = True
+            if not join.any():
+                continue
+            take = ranks[join]
+            self.cells.claim(take, s)
+            if not np.isin(take, inc.ranks).all():
+                d = descend_in_stage(np.union1d(inc.ranks, take), inc.onset_iteration, self.stages.index(inc.stage),
+                                     obs, self.topo, self.stages, self.cfg)
+                set_culprits(inc, d.ranks, self.topo)
+                write_rank_evidence(inc, obs, self.topo, self.stages, self.cfg.short_collective_ratio)
+                note_descent(inc, d)
+                out.append(inc)
+            ranks, onsets = ranks[~join], onsets[~join]
             if not len(ranks):
                 break
         return ranks, onsets

@@ -116,6 +116,7 @@ class TransientStallRule(Rule):
         ended = ((~obs.hot) & (prev > 0) & (prev <= cfg.transient_max) & ~cells.assigned
                  & obs.present[:, None])
         ended &= (cells.peak >= cfg.abs_ratio) & (cells.peak_z >= cfg.transient_z)
+        ended &= ~self._held(book)[:, None]   # a GPU an open incident names: its fault, in any stage
         parts = self._parts(ended, obs) if ended.any() else []
         parts += self._stage_parts(obs, parts)
         if not parts:
@@ -136,6 +137,15 @@ class TransientStallRule(Rule):
         if charged >= 0:   # the job's time up to now is this incident's: nobody else's cost
             self.levels.charge(obs.iteration)
         return out
+
+    def _held(self, book: IncidentBook) -> np.ndarray:
+        """Bool ``[rank]``: the culprits of open straggler and host-stall incidents."""
+        held = np.zeros(self.topo.world, dtype=bool)
+        for inc in book.open():
+            if inc.cls in (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.HOST_STALL):
+                r = np.asarray(inc.ranks, dtype=np.int64)
+                held[r[(r >= 0) & (r < self.topo.world)]] = True
+        return held
 
     def _parts(self, ended: np.ndarray, obs: Observation) -> list[StallPart]:
         """The stalls ending now, one per stage, onset and place."""

@@ -35,7 +35,7 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.detect.baseline import Baseline
 from analyzer.detect.fast_median import median3, nanmedian
-from analyzer.detect.group_scores import group_medians, group_quantiles, sampled_sigma
+from analyzer.detect.group_scores import group_medians, group_quantiles, lower_sigma
 from analyzer.detect.noise_scale import NoiseScale
 from rankscope.schema import StageSet
 from rankscope.topology import Topology
@@ -51,6 +51,10 @@ class RankScores:
     z: np.ndarray            # rel in robust sigmas of this stage across ranks
     hot: np.ndarray          # bool: slow beyond the thresholds (cause stages only)
     z_now: np.ndarray        # this iteration alone: log ratio over own baseline, in this stage's sigmas
+    #: bool: this iteration alone is out as a smoothed value must be (its change over the rank's own
+    #: past, or its ratio to the group, and the z), and material: where a streak really began, the
+    #: smoothing's median making it hot an iteration later
+    out_now: np.ndarray | None = None
 
 
 def peer_kind(topo: Topology) -> str:
@@ -126,9 +130,9 @@ class RankScorer:
             lr_s = nanmedian(self.hist[:k], axis=0)
         rel = self.baseline.deviation(lr_s)
         rel_now = self.baseline.deviation(lr)
-        sig = np.maximum(self.noise["smooth"].update(sampled_sigma(rel)), cfg.min_sigma)   # [S]
-        sig_now = np.maximum(self.noise["now"].update(sampled_sigma(rel_now)), cfg.min_sigma)
-        sig_lr = np.maximum(self.noise["lr"].update(sampled_sigma(lr_s)), cfg.min_sigma)
+        sig = np.maximum(self.noise["smooth"].update(lower_sigma(rel)), cfg.min_sigma)   # [S]
+        sig_now = np.maximum(self.noise["now"].update(lower_sigma(rel_now)), cfg.min_sigma)
+        sig_lr = np.maximum(self.noise["lr"].update(lower_sigma(lr_s)), cfg.min_sigma)
         with np.errstate(invalid="ignore"):
             hot_smooth = (rel > np.log1p(cfg.min_change)) & (rel > cfg.z * sig)
             hot_abs = (lr_s > np.log(cfg.abs_ratio)) & (lr_s > cfg.z * sig_lr)
@@ -168,4 +172,7 @@ class RankScorer:
         with np.errstate(all="ignore"):
             z = rel / sig
             z_now = rel_now / sig_now
-        return RankScores(ratio=ratio, smooth_ratio=np.exp(lr_s), rel=rel, z=z, hot=hot, z_now=z_now)
+            out_now = ((((rel_now > np.log1p(cfg.min_change)) & trusted) | (lr > np.log(cfg.abs_ratio)))
+                       & (rel_now > cfg.z * sig_now) & ok)
+        return RankScores(ratio=ratio, smooth_ratio=np.exp(lr_s), rel=rel, z=z, hot=hot, z_now=z_now,
+                          out_now=out_now)

@@ -1,0 +1,55 @@
+"""A slow node is one fault: the ranks of a node several of which a rule found slow, that rose with
+them but stayed under the bar (noise kept them there this time), are its culprits too.
+
+A node throttling (power, thermal, a host-wide fault) slows all its GPUs; at a small factor and
+with noise, some of them cross the thresholds a few iterations after the others, or not at all,
+and an incident naming five of a node's eight GPUs (or three incidents on parts of it) makes an
+operator guess. :func:`complete_nodes` adds, on every node where a quarter of the ranks at
+least (two at least) are culprits, the node's other ranks whose own time in the stage rose since the
+onset by at least :data:`SHARE` of the culprits' median rise (their time since the onset over
+their time before it). Members that only waited for a culprit of their inner group look slow too;
+the descent into inner groups (:mod:`analyzer.diagnosis.inner_groups`) that follows takes them
+out again.
+
+Example (node 1 of an 8-GPU job: ranks 4-7 rose 1.3x, rank 6 crossed no bar)::
+
+    >>> import numpy as np
+    >>> from rankscope.topology import Topology
+    >>> before, now = np.full((3, 8, 1), 10.0), np.full((3, 8, 1), 10.0)
+    >>> now[:, 4:] = 13.0
+    >>> complete_nodes(np.array([4, 5, 7]), now, before, 0, Topology(dp=8, gpus_per_node=4)).tolist()
+    [4, 5, 6, 7]
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from rankscope.topology import Topology
+
+#: Share of the culprits' median rise a rank of their node must show to join them.
+SHARE = 0.5
+
+
+def complete_nodes(ranks: np.ndarray, now: np.ndarray, before: np.ndarray, s: int, topo: Topology) -> np.ndarray:
+    """``ranks`` with the risen ranks of their nodes (module doc); ``now`` and
+    ``before``: values ``[T, R, S]`` since the onset and before it."""
+    ranks = np.unique(np.asarray(ranks, dtype=np.int64))
+    if len(ranks) < 2 or not len(now) or not len(before):
+        return ranks
+    node = topo.node_index
+    nodes, counts = np.unique(node[ranks], return_counts=True)
+    sizes = np.bincount(node, minlength=int(node.max()) + 1)
+    mostly = nodes[(counts >= 2) & (4 * counts >= sizes[nodes])]
+    if not len(mostly):
+        return ranks
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rise = np.nanmedian(now[:, :, s], axis=0) / np.nanmedian(before[:, :, s], axis=0)
+        bar = 1.0 + SHARE * (np.nanmedian(rise[ranks]) - 1.0)
+    if not bar > 1.0:
+        return ranks
+    join = np.isin(node, mostly) & (rise >= bar)
+    return np.union1d(ranks, np.flatnonzero(join))
