@@ -18,8 +18,9 @@ whose time in that stage is
   their wait for it. A whole node slowed alike leaves tiny leads (only jitter) against a large
   excess, so its members all stay named;
 
-a minority of the group (half of it at most); the others of such a group become the ranks that
-*waited* (held by the incident, not named). Vectorised over the groups of each kind.
+a minority of the group (half of it at most); the others of such a group that the rule found
+become the ranks that *waited* (held by the incident, not named) when their wait there rose by
+:data:`WAITED_SHARE` of their own excess at least (else they are slow on their own, and named). Vectorised over the groups of each kind.
 
 Example (a TP group of 4 whose rank 2 is slow; all four look 10 ms slower from outside)::
 
@@ -52,6 +53,8 @@ from rankscope.topology import Topology, format_ranks
 #: Share of the mates' excess (how much slower they look from outside) their wait for the
 #: named member must explain.
 EXPLAINS = 0.25
+#: Share of its own excess a found member's wait must have risen by to be a waiter, not a culprit.
+WAITED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,16 @@ def descend(ranks: np.ndarray, now: np.ndarray, before: np.ndarray, excess: np.n
         hit = named.any(axis=1)
         if not hit.any():
             continue
+        # a member found slow that is not named is only a waiter when its wait there rose by a
+        # good part of how much slower it looks: one slow on its own (half a slow node in an EP
+        # group, say, that arrived a little before the node's last) stays named
+        rise = v_now - np.nan_to_num(v_before, nan=0.0)
+        keep = named | (in_r[m] & ~(rise >= WAITED_SHARE * np.nan_to_num(excess[m], nan=0.0)))
         for c in np.flatnonzero(hit):
-            groups.append(_group_record(st.name, st.group, m[c], named[c], v_now[c], v_before[c]))
+            groups.append(_group_record(st.name, st.group, m[c], keep[c], v_now[c], v_before[c]))
         inside = m[hit].reshape(-1)
-        waited = np.union1d(waited, np.setdiff1d(inside[in_r[inside]], m[hit][named[hit]]))
-        ranks = np.union1d(np.setdiff1d(ranks, inside), m[hit][named[hit]])
+        waited = np.union1d(waited, np.setdiff1d(inside[in_r[inside]], m[hit][keep[hit]]))
+        ranks = np.union1d(np.setdiff1d(ranks, inside), m[hit][keep[hit]])
     return Descent(ranks, np.setdiff1d(waited, ranks), groups)
 
 

@@ -53,3 +53,23 @@ def complete_nodes(ranks: np.ndarray, now: np.ndarray, before: np.ndarray, s: in
         return ranks
     join = np.isin(node, mostly) & (rise >= bar)
     return np.union1d(ranks, np.flatnonzero(join))
+
+
+def rose_with(ranks: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, onset: int,
+              values: np.ndarray, since: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """Which of ``ranks`` (slow in stage ``s``) rose since ``onset`` by at least :data:`SHARE` of
+    the median rise of ``culprits`` in their stage: a rank of a slow node that is slow by the
+    node's fault, not a GPU the OS preempted for a while beside a far slower one. ``values``:
+    the window ``[T, R, S]``; ``since``/``before``: its rows from the onset on and before it."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    now, then = values[since], values[before]
+    if not len(now) or not len(then):
+        return np.ones(len(ranks), dtype=bool)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rise = np.nanmedian(now[:, ranks, s], axis=0) / np.nanmedian(then[:, ranks, s], axis=0)
+        theirs = np.nanmedian(np.nanmedian(now[:, culprits, s_culprits], axis=0)
+                              / np.nanmedian(then[:, culprits, s_culprits], axis=0))
+    if not theirs > 1.0:
+        return np.ones(len(ranks), dtype=bool)
+    return ~(rise < 1.0 + SHARE * (theirs - 1.0))

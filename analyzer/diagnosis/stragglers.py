@@ -26,6 +26,7 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.inner_groups import descend_in_stage, note_descent
+from analyzer.diagnosis.node_culprits import rose_with
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_cells import RankCells
 from analyzer.diagnosis.rank_evidence import (
@@ -94,8 +95,8 @@ class StragglerRule(Rule):
     def _join_open(self, ranks: np.ndarray, onsets: np.ndarray, s: int, cls: IncidentClass,
                    obs: Observation, book: IncidentBook, out: list[Incident]) -> tuple[np.ndarray, np.ndarray]:
         """Ranks that fit an open incident of the same class join it; the rest are returned. They
-        fit when they are its culprits, or on its nodes (one machine is one fault to drain, in any
-        stage, whenever its ranks cross the bar), or next to it with a close onset in its stage;
+        fit when they are its culprits, or on its nodes and risen as much as its culprits, about (one
+        machine is one fault to drain, in any stage, whenever its ranks cross the bar), or next to it with a close onset in its stage;
         those that only wait for its culprits (inner groups) are held by it, not named."""
         stage = self.stages.stages[s].name
         gap = onset_gap(self.cfg.transient_max)
@@ -109,6 +110,11 @@ class StragglerRule(Rule):
             near = np.abs(onsets - inc.onset_iteration) <= gap
             close = distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node
             same_node = np.isin(self.topo.node_index[ranks], inc.nodes)
+            if same_node.any():   # by the node's fault: risen as much as its culprits, about
+                win = obs.window
+                same_node[same_node] = rose_with(
+                    ranks[same_node], s, np.asarray(inc.ranks, dtype=np.int64), self.stages.index(inc.stage),
+                    inc.onset_iteration, win.values, win.since(inc.onset_iteration), win.before(inc.onset_iteration))
             ours = np.isin(ranks, inc.ranks)
             join = ours | same_node | (near & close & (inc.stage == stage))
             if 2 * ours.sum() >= len(ranks):   # mostly its culprits: the rest come with them
