@@ -19,6 +19,9 @@ from collector.untrusted.clear_errors import clear_errors
 from rankscope.schema import DEFAULT_STAGES, TRACE_STAGES, StageSet
 from rankscope.topology import Topology
 
+#: ProfilerSteps per kernel window when --kernels is not given.
+DEFAULT_KERNEL_STEPS = 10
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from rankscope.cli import add_store_options
@@ -65,11 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument(f"--{dim}", type=int, default=None,
                        help=f"{dim.upper()} size of the job (default: pure DP over the traces' world)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
-    p.add_argument("--kernels", type=int, default=0, metavar="N",
-                   help="also write each trace's kernel durations (GPU kernels; a CPU trace's operators) "
-                        "as kernel_stats windows of N ProfilerSteps, compressed per kernel as the live "
-                        "kernel channel does, for the analyzer's kernel-level comparison (L3); "
-                        "0: off (default)")
+    p.add_argument("--kernels", type=int, default=None, metavar="N",
+                   help="windows of N ProfilerSteps in which each trace's kernel durations (GPU kernels; "
+                        f"a CPU trace's operators) are written as kernel_stats, compressed per kernel as "
+                        f"the live kernel channel does, for the analyzer's kernel-level comparison (L3); "
+                        f"written whenever a trace holds such events (default {DEFAULT_KERNEL_STEPS}); 0: off")
     add_limit_option(p)
     p.set_defaults(func=run)
 
@@ -113,7 +116,9 @@ def _topology(args: argparse.Namespace) -> Topology | None:
 def run(args: argparse.Namespace) -> int:
     from rankscope.store import open_store
 
-    if args.kernels < 0:
+    asked = args.kernels is not None
+    steps = args.kernels if asked else DEFAULT_KERNEL_STEPS
+    if steps < 0:
         raise TraceError(f"--kernels {args.kernels}: expected the ProfilerSteps of a window (>= 1), or 0 for off")
     limit = FileLimit.mb(args.max_file_mb)
     patterns = _patterns(args)
@@ -123,14 +128,14 @@ def run(args: argparse.Namespace) -> int:
         report = import_traces(args.files, store, args.job, topology, patterns,
                                iteration_offset=args.iteration_offset, rank=args.rank,
                                progress=lambda msg: print(msg, file=sys.stderr, flush=True), hosts=hosts,
-                               limit=limit, kernel_steps=args.kernels)
+                               limit=limit, kernel_steps=steps)
     shown = ", ".join(report.hosts[:4]) + (f" (+{len(report.hosts) - 4})" if len(report.hosts) > 4 else "")
     print(f"imported {report.points} point(s): {report.files} trace(s), ranks "
           f"{','.join(map(str, report.ranks))}, {report.iterations} iteration(s), "
           f"stages {', '.join(report.stages)}; hosts {shown or 'unknown'}"
           + (f"; refused {report.refused} event(s) with bad values" if report.refused else "")
-          + (f"; {report.kernel_points} kernel window(s)" if args.kernels else ""))
-    if args.kernels and report.no_kernels:
+          + (f"; {report.kernel_points} kernel window(s) of {steps} step(s)" if report.kernel_points or (asked and steps) else ""))
+    if asked and steps and report.no_kernels:
         print(f"no kernel or operator events in the traces of rank(s) {','.join(map(str, report.no_kernels))}: "
               "no kernel window for them (their stage latencies were imported)", file=sys.stderr)
     return 0

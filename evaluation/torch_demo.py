@@ -18,7 +18,8 @@ point per iteration to the store through a
 
 From iteration ``slow_from`` on, rank ``slow_rank`` does ``slow_factor`` extra
 passes of real expert compute inside its ``mlp`` forward (a degraded device,
-not a sleep): its ``mlp`` stage grows, and the healthy ranks' all-reduce grows
+not a sleep), spread over the experts' calls, or all in expert ``slow_call``'s call
+(one call of a repeated operator slowed): its ``mlp`` stage grows, and the healthy ranks' all-reduce grows
 by the time they wait for it.
 
 Every point carries the rank's real machine identity: the ``host`` tag is this
@@ -62,6 +63,7 @@ class DemoConfig:
     slow_rank: int | None = 5
     slow_from: int = 15
     slow_factor: int = 600
+    slow_call: int | None = None  # an expert's index: all the extra passes in its call alone
     warmup: int = 3
     instrument: bool = True
     profile_dir: str | None = None
@@ -80,6 +82,8 @@ class DemoConfig:
             raise ValueError(f"world ({self.world}) and iterations ({self.iterations}) must be >= 1")
         if self.slow_rank is not None and not 0 <= self.slow_rank < self.world:
             raise ValueError(f"slow rank {self.slow_rank} is outside 0..{self.world - 1}")
+        if self.slow_call is not None and not 0 <= self.slow_call < self.experts:
+            raise ValueError(f"slow call {self.slow_call} is outside the experts 0..{self.experts - 1}")
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
         if self.world % self.ranks_per_node:
@@ -151,6 +155,7 @@ def build_model(cfg: DemoConfig) -> Any:
             self.experts = nn.ModuleList(
                 nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(experts))
             self.degraded_passes = 0  # > 0 emulates a slow device: real extra compute
+            self.degraded_call: int | None = None  # one call of the repeated operator takes them all
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             gates = torch.softmax(self.router(x), dim=-1)
@@ -158,6 +163,8 @@ def build_model(cfg: DemoConfig) -> Any:
             for e, expert in enumerate(self.experts):
                 # the slow device's extra passes, spread over the experts (degraded_passes in all)
                 extra = self.degraded_passes // len(self.experts) + (e < self.degraded_passes % len(self.experts))
+                if self.degraded_call is not None:
+                    extra = self.degraded_passes if e == self.degraded_call else 0
                 # one operator as a profiler sees it (a fused expert kernel): the degraded
                 # device's extra work falls inside it
                 with torch.profiler.record_function("moe.expert_ffn"):
@@ -251,6 +258,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, results: Any) -> None:
             t0 = time.perf_counter()
             if rank == cfg.slow_rank and it >= cfg.slow_from:
                 model.mlp.degraded_passes = cfg.slow_factor
+                model.mlp.degraded_call = cfg.slow_call
             timed = timer is not None and not timer.paused
             if timed:
                 with timer.stage("dataloader"):

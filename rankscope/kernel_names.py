@@ -6,7 +6,9 @@ tag: the series stay one per rank) and its name once, in ``kernel_name``, stampe
 that every rank's copy of it is one point.
 
 A kernel's mode ``j`` is three fields of a ``kernel_stats`` point, :func:`mode_field` (``n``,
-``p50``, ``p99``), which :data:`MODE_FIELD` reads back.
+``p50``, ``p99``), which :data:`MODE_FIELD` reads back; where the window's steps are known, its
+time per step (its fastest quarter over the steps of the sum of its events in each) is one more,
+:func:`step_field`.
 
 Example::
 
@@ -50,6 +52,11 @@ def kernel_kind(name: str) -> str:
 def mode_field(kid: str, mode: int, part: str) -> str:
     """The ``kernel_stats`` field of a kernel's mode: ``<id>_m<mode>_<n|p50|p99>``."""
     return f"{kid}_m{mode}_{part}"
+
+
+def step_field(kid: str) -> str:
+    """The ``kernel_stats`` field of a kernel's time per step (us): ``<id>_step_us``."""
+    return f"{kid}_step_us"
 
 
 def name_point(job: str, kid: str, name: str, kind: str, group: str, time_ms: int) -> dict:

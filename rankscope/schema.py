@@ -276,6 +276,8 @@ MEASUREMENTS: dict[str, Measurement] = {
         "one point per rank and window of profiled steps; besides iteration (the window's last step), "
         "steps, events and gap_max_us (the longest time the device ran none of them), per kernel id (k + 10 hex digits of its name's hash, or 'other' for the kernels "
         "past the top K) and mode j: <id>_m<j>_n (events, a float), <id>_m<j>_p50 and <id>_m<j>_p99 (us); "
+        "where the steps are known <id>_step_us, its time per step (the 25th percentile over the window's steps of "
+        "its events summed in each); "
         "time = the window's end",
     ),
     KERNEL_NAME: Measurement(
@@ -286,9 +288,10 @@ MEASUREMENTS: dict[str, Measurement] = {
     L3_KERNEL: Measurement(
         L3_KERNEL, ("job", "rank", "kernel", "host"),
         {"name": "str", "kind": "str", "cause": "str", "w1_us": "float", "shift_us": "float",
-         "ref_median_us": "float", "ratio": "float", "group_type": "str", "group_id": "int",
+         "ref_median_us": "float", "ratio": "float", "step_ratio": "float", "group_type": "str", "group_id": "int",
          "iteration": "int", "windows": "int", "confirmed": "int"},
-        "ranks whose kernel distribution stands out of their group's (L3); cause: own (compute), link (a "
+        "ranks whose kernel distribution or time per step (step_ratio: over the group's median) stands out "
+        "of their group's (L3); cause: own (compute), link (a "
         "collective slow on all its members, evenly) or wait (they waited for a late peer), or unknown; "
         "kernel launch_gap (cause host): the device idle far longer than the group's; windows: in a row, "
         "confirmed: 1 from 2 windows in a row (own and link only); time = the window's end",

@@ -30,7 +30,8 @@ import pandas as pd
 
 from analyzer.detect.fast_median import nanmedian
 from analyzer.score.kernel_distance import CHUNK_KERNELS, kernel_distances
-from rankscope.kernel_names import MODE_FIELD, OTHER, mode_field
+from analyzer.score.kernel_step_totals import step_outliers
+from rankscope.kernel_names import MODE_FIELD, OTHER, mode_field, step_field
 from rankscope.topology import Topology
 
 
@@ -60,6 +61,16 @@ def _modes(frame: pd.DataFrame, kernels: dict[str, int], rows: np.ndarray, world
     return tuple(out)
 
 
+def _step_times(frame: pd.DataFrame, ids: np.ndarray, rows: np.ndarray, world: int) -> np.ndarray:
+    """Each kernel's time per step ``[K, world]`` (``<id>_step_us``; NaN where not written)."""
+    out = np.full((len(ids), world), np.nan)
+    for i, kid in enumerate(ids):
+        col = step_field(str(kid))
+        if col in frame.columns:
+            out[i, rows] = pd.to_numeric(frame[col], errors="coerce").to_numpy(float)
+    return out
+
+
 #: A launch gap (the device idle between kernels) is a host stall from this long (us), and this
 #: many times its group's median gap.
 MIN_GAP_US = 50_000.0
@@ -71,7 +82,7 @@ LINK_FLOOR = 0.5
 #: be missing: it waited least, and fell out of its rank's top kernels).
 LINK_SEEN = 0.75
 COLUMNS = ["rank", "kernel", "name", "kind", "cause", "host", "w1_us", "shift_us", "ref_median_us", "ratio",
-           "group_type", "group_id"]
+           "step_ratio", "group_type", "group_id"]
 
 
 def kernel_findings(frame: pd.DataFrame, names: dict[str, tuple[str, ...]], topo: Topology,
@@ -127,6 +138,9 @@ def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[s
     stay in the caches, and nothing of the size of the whole window is allocated)."""
     kernels = list(kernel_columns(frame.columns).items())
     gids, members = topo.group_ids(group_kind), topo.members(group_kind)
+    steps = np.ones(topo.world)
+    if "steps" in frame.columns:
+        steps[rows] = np.clip(np.nan_to_num(pd.to_numeric(frame["steps"], errors="coerce").to_numpy(float), nan=1.0), 1, None)
     found = []
     for i in range(0, len(kernels), CHUNK_KERNELS):
         chunk = dict(kernels[i:i + CHUNK_KERNELS])
@@ -137,7 +151,10 @@ def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[s
             continue
         count, p50, p99, present, ids = count[ran], p50[ran], p99[ran], present[ran], np.array(list(chunk))[ran]
         d = kernel_distances(count, p50, p99, members, gids, fence=fence, min_shift=min_shift)
-        hits = d.outlier & (d.shift_us * np.nansum(count, axis=2) >= min_cost_us)
+        st = step_outliers(_step_times(frame, ids, rows, topo.world), members, gids, fence=fence,
+                           min_shift=min_shift)
+        hits = ((d.outlier & (d.shift_us * np.nansum(count, axis=2) >= min_cost_us))
+                | (st.outlier & ((st.ratio - 1.0) * st.ref_us * steps >= min_cost_us)))
         ki, hit = np.nonzero(hits)
         if not hit.size:
             continue
@@ -148,7 +165,7 @@ def _kernel_rows(frame: pd.DataFrame, rows: np.ndarray, names: dict[str, tuple[s
             cause=causes(hits, present, d.ref_median_us + d.shift_us, ki, hit, [x[1] for x in info],
                          [x[2] or group_kind for x in info], topo),
             w1_us=d.w1_us[ki, hit], shift_us=d.shift_us[ki, hit], ref_median_us=ref,
-            ratio=(ref + d.shift_us[ki, hit]) / ref))
+            ratio=np.fmax((ref + d.shift_us[ki, hit]) / ref, st.ratio[ki, hit]), step_ratio=st.ratio[ki, hit]))
     if not found:
         return pd.DataFrame(columns=COLUMNS)
     return pd.concat(found, ignore_index=True).sort_values("w1_us", ascending=False, ignore_index=True)

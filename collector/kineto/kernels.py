@@ -3,7 +3,8 @@ live kernel channel (:mod:`collector.kernel_channel`), from traces already recor
 
 A window is ``N`` consecutive ProfilerSteps. Its events are the trace's device events (kernels,
 memory copies and sets) that start inside it or, in a trace with none (a CPU run), its
-operators (``cpu_op``): on a GPU the kernels, on CPU what a gloo job runs.
+operators (``cpu_op``) and marked ranges (``user_annotation``): on a GPU the kernels, on CPU what
+a gloo job runs.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collector.kernel_channel import KernelChannel
+from collector.kernel_channel import STEP_PREFIX, KernelChannel
 from collector.kineto.parse import DEVICE_CATS, ParsedTrace
 from rankscope import schema
 
+#: A CPU trace's "kernels": its operators and the ranges code marks (``record_function``), as the
+#: live channel sees them; not the profiler's own step marks.
+HOST_CATS = ("cpu_op", "user_annotation")
+
 #: One window: (its last step's number, its end in epoch ms, its events as (name, us, start us),
-#: its steps).
-Window = tuple[int, int, list[tuple[str, float, float]], int]
+#: its steps, their starts in us).
+Window = tuple[int, int, list[tuple[str, float, float]], int, list[float]]
 
 
 def trace_windows(trace: ParsedTrace, end_ms: Sequence[float], steps_per_window: int) -> list[Window]:
@@ -29,7 +34,8 @@ def trace_windows(trace: ParsedTrace, end_ms: Sequence[float], steps_per_window:
     if steps_per_window < 1:
         raise ValueError(f"steps per kernel window must be >= 1, got {steps_per_window}")
     device = [(n, ts, end) for n, cat, _, ts, end, _, _ in trace.device_events if cat in DEVICE_CATS]
-    events = device or [(n, ts, end) for n, _, _, ts, end, cat in trace.spans if cat == "cpu_op"]
+    events = device or [(n, ts, end) for n, _, _, ts, end, cat in trace.spans
+                        if cat in HOST_CATS and not n.startswith(STEP_PREFIX)]
     if not events:
         return []
     names = np.array([e[0] for e in events], dtype=object)
@@ -41,7 +47,7 @@ def trace_windows(trace: ParsedTrace, end_ms: Sequence[float], steps_per_window:
         inside = (ts >= chunk[0][0]) & (ts < chunk[-1][1])
         out.append((int(chunk[-1][2]), int(round(end_ms[k + len(chunk) - 1])),
                     list(zip(names[inside].tolist(), dur[inside].tolist(), ts[inside].tolist(), strict=True)),
-                    len(chunk)))
+                    len(chunk), [float(c[0]) for c in chunk]))
     return out
 
 
@@ -57,8 +63,8 @@ def kernel_points(windows: Mapping[int, list[Window]], rows: pd.DataFrame,
         if rank not in tags.index:
             continue
         channel = KernelChannel({"rank": int(rank), **tags.loc[rank].to_dict()})
-        for it, end, events, steps in wins:
-            point, new = channel.window(it + iteration_offset, end, events, steps)
+        for it, end, events, steps, starts in wins:
+            point, new = channel.window(it + iteration_offset, end, events, steps, starts)
             points.append(point)
             names.update({n["kernel"]: n for n in new})
     return pd.DataFrame(points), pd.DataFrame(list(names.values()))
