@@ -70,12 +70,18 @@ def _fmt(x: float, nd: int = 2) -> str:
 
 def _kind_table(scores: list[CaseScore]) -> list[str]:
     rows = ["| fault kind | faults | recall (faults found) | culprit-rank precision | culprit-rank recall "
-            "| class accuracy | delay median (it.) | delay p95 (it.) |", "|---|---|---|---|---|---|---|---|"]
+            "| class accuracy | delay median (it.) | delay worst (it.) | what-if error median | what-if error worst "
+            "(n) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for k in summarize(scores):
         rows.append(f"| {k.kind} | {k.faults} | {_fmt(k.recall)} | {_fmt(k.rank_precision)} | "
                     f"{_fmt(k.rank_recall)} | {_fmt(k.class_accuracy)} | {_fmt(k.delay_median, 1)} | "
-                    f"{_fmt(k.delay_p95, 1)} |")
+                    f"{_fmt(k.delay_worst, 0)} | {_pct(k.what_if_error_median)} | "
+                    f"{_pct(k.what_if_error_worst)} ({k.what_ifs}) |")
     return rows
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not np.isfinite(x) else f"{100 * x:+.1f}%"
 
 
 def _link_table(scores: list[CaseScore]) -> list[str]:
@@ -330,7 +336,10 @@ def run(ctx) -> str:
         f"({BIG_ITERATIONS} iterations), {len(healthy_big)} healthy 12,960-rank runs, and a single-GPU "
         f"factor sweep ({SWEEP_SEEDS} random ranks/onsets per factor). Culprit-rank precision/recall are over "
         "the ranks of the incident that best matches each fault (micro-averaged); delay = iteration the "
-        "incident was first reported - injected onset.",
+        "incident was first reported - injected onset; what-if error = the incident's job iteration time "
+        "with its culprits restored (as last reported) over the median job iteration time of the same run "
+        "simulated without the fault, from the onset to the incident's last report, - 1 (one-fault cases; "
+        "n: how many; silent ranks have no what-if).",
         "",
         "### Small topologies, random kinds, positions, factors, onsets, overlaps, noise",
         "",

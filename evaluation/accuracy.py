@@ -94,6 +94,16 @@ class Seen:
     first_iteration: int
     ambiguous: bool = False
     episodes: int = 1
+    #: the job's iteration time (s) with the culprits restored, as the incident last said
+    what_if_s: float = float("nan")
+    #: the last iteration it was reported at
+    last_iteration: int = -1
+
+
+def _seen(inc: Incident, first: int, last: int) -> Seen:
+    return Seen(inc.id, inc.cls, sorted(int(r) for r in inc.ranks), inc.stage, int(inc.onset_iteration),
+                first, bool(inc.evidence.get("ambiguous", False)), int(inc.episodes),
+                float(inc.impact.iteration_s_if_restored), last)
 
 
 @dataclass
@@ -104,6 +114,18 @@ class Outcome:
     iterations: int
     world: int
     incidents: list[Seen] = field(default_factory=list)
+    #: the job's iteration time (s, median over ranks) each iteration of the same run without its
+    #: faults (a one-fault case's true what-if); empty where not simulated
+    healthy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def healthy_times(case: Case) -> np.ndarray:
+    """The job's iteration time (s) each iteration of ``case`` run without its faults."""
+    data = copy.deepcopy(case.data)
+    data["fault"] = []
+    sc = Scenario.from_dict(data, name=data["run"]["job"])
+    sim = ClusterSimulator(sc)
+    return np.array([float(np.median(sim.step().iteration_ms)) / 1000.0 for _ in range(sc.iterations)])
 
 
 @dataclass
@@ -123,6 +145,9 @@ class FaultScore:
     ambiguous: bool = False
     #: incidents of the expected class naming these culprits (1 for a fault found once)
     n_incidents: int = 0
+    #: the incident's what-if over the true one (the run without the fault, over the same
+    #: iterations) - 1; NaN where either is unknown (several faults at once: no one truth)
+    what_if_error: float = float("nan")
 
 
 @dataclass
@@ -149,6 +174,11 @@ class KindSummary:
     delay_median: float
     delay_p95: float
     ambiguous: int = 0
+    delay_worst: float = float("nan")
+    #: the what-if's relative error against the run without the fault (one-fault cases)
+    what_if_error_median: float = float("nan")
+    what_if_error_worst: float = float("nan")
+    what_ifs: int = 0
     ambiguous_ok: int = 0
     rank_precision_named: float = float("nan")
     incidents_per_fault: float = float("nan")
@@ -299,17 +329,17 @@ def run_case(case: Case, config: AnalyzerConfig | None = None) -> Outcome:
     sim = ClusterSimulator(sc)
     ja = JobAnalyzer(sc.job, sc.topology, sim.stages, config)
     first: dict[str, int] = {}
+    last: dict[str, int] = {}
     latest: dict[str, Incident] = {}
     for _ in range(sc.iterations):
         res = sim.step()
         out = ja.feed(result_cube(res, sim.stages.names))
         for inc in out.incidents:
             first.setdefault(inc.id, res.iteration)
-            latest[inc.id] = inc
-    seen = [Seen(i.id, i.cls, sorted(int(r) for r in i.ranks), i.stage, int(i.onset_iteration),
-                 first[i.id], bool(i.evidence.get("ambiguous", False)), int(i.episodes))
-            for i in latest.values()]
-    return Outcome(case, sc.iterations, sc.topology.world, seen)
+            last[inc.id], latest[inc.id] = res.iteration, inc
+    seen = [_seen(i, first[i.id], last[i.id]) for i in latest.values()]
+    healthy = healthy_times(case) if len(sc.faults) == 1 else np.zeros(0)
+    return Outcome(case, sc.iterations, sc.topology.world, seen, healthy)
 
 
 #: What real collectors write, as the simulator models it: per-rank stamps up to 50 ms apart,
@@ -337,6 +367,7 @@ def run_case_written(case: Case, config: AnalyzerConfig | None = None) -> Outcom
     ja = JobAnalyzer(sc.job, sc.topology, sim.stages, cfg)
     asm = IterationAssembler(int(cfg.iteration_wait_s * 1000))
     first: dict[str, int] = {}
+    last: dict[str, int] = {}
     latest: dict[str, Incident] = {}
     held = pd.DataFrame()
 
@@ -346,7 +377,7 @@ def run_case_written(case: Case, config: AnalyzerConfig | None = None) -> Outcom
         out = ja.feed(frame_to_cube(ready, sc.topology.world, sim.stages.names))
         for inc in out.incidents:
             first.setdefault(inc.id, at)
-            latest[inc.id] = inc
+            last[inc.id], latest[inc.id] = at, inc
 
     for _ in range(sc.iterations):
         res = sim.step()
@@ -357,10 +388,9 @@ def run_case_written(case: Case, config: AnalyzerConfig | None = None) -> Outcom
         feed(asm.ready(ja.reporting_ranks or None, now_ms=res.time_ms), res.iteration)
     asm.add(held)
     feed(asm.ready(ja.reporting_ranks or None, final=True), sc.iterations)
-    seen_incidents = [Seen(i.id, i.cls, sorted(int(r) for r in i.ranks), i.stage, int(i.onset_iteration),
-                           first[i.id], bool(i.evidence.get("ambiguous", False)), int(i.episodes))
-                      for i in latest.values()]
-    return Outcome(case, sc.iterations, sc.topology.world, seen_incidents)
+    seen_incidents = [_seen(i, first[i.id], last[i.id]) for i in latest.values()]
+    healthy = healthy_times(case) if len(sc.faults) == 1 else np.zeros(0)
+    return Outcome(case, sc.iterations, sc.topology.world, seen_incidents, healthy)
 
 
 # ------------------------------------------------------------------ scoring
@@ -401,11 +431,26 @@ def score_case(out: Outcome) -> CaseScore:
             n_reported=len(best.ranks) if best else 0, n_hit=best_hit, detected=best is not None,
             class_ok=best is not None and best.cls == want,
             delay=(best.first_iteration - f["start"]) if best else None, world=out.world,
-            ambiguous=bool(best is not None and best.ambiguous), n_incidents=len(naming)))
+            ambiguous=bool(best is not None and best.ambiguous), n_incidents=len(naming),
+            what_if_error=_what_if_error(best, f, out.healthy_s)))
         if f["kind"] == INTERMITTENT:   # its later episodes are the same incident, or more of them
             used.update(i.id for i in naming)
     false = [i for i in out.incidents if i.id not in used]
     return CaseScore(out.case, scores, false, out.iterations, out.world)
+
+
+def _what_if_error(inc: Seen | None, fault: dict[str, Any], healthy_s: np.ndarray) -> float:
+    """The incident's what-if against the run without the fault over the iterations from the
+    onset to its last report (the fault's end at most): relative error, NaN where unknown."""
+    if inc is None or not len(healthy_s) or not inc.what_if_s == inc.what_if_s:
+        return float("nan")
+    lo = max(int(fault["start"]), 0)
+    end = fault.get("end")
+    hi = min(inc.last_iteration + 1, len(healthy_s), int(end) if end is not None and end >= 0 else len(healthy_s))
+    if hi <= lo:
+        return float("nan")
+    truth = float(np.median(healthy_s[lo:hi]))
+    return inc.what_if_s / truth - 1.0 if truth > 0 else float("nan")
 
 
 def _ratio(num: float, den: float) -> float:
@@ -423,6 +468,7 @@ def summarize(scores: list[CaseScore]) -> list[KindSummary]:
         det = [f for f in fs if f.detected]
         named = [f for f in det if not f.ambiguous]
         delays = np.array([f.delay for f in det], dtype=float)
+        errors = np.array([f.what_if_error for f in det if f.what_if_error == f.what_if_error])
         out.append(KindSummary(
             kind=kind, faults=len(fs), detected=len(det),
             rank_precision=_ratio(sum(f.n_hit for f in det), sum(f.n_reported for f in det)),
@@ -433,7 +479,11 @@ def summarize(scores: list[CaseScore]) -> list[KindSummary]:
             ambiguous=len(det) - len(named),
             ambiguous_ok=sum(f.ambiguous and f.n_hit == f.n_true for f in det),
             rank_precision_named=_ratio(sum(f.n_hit for f in named), sum(f.n_reported for f in named)),
-            incidents_per_fault=_ratio(sum(f.n_incidents for f in det), len(det))))
+            incidents_per_fault=_ratio(sum(f.n_incidents for f in det), len(det)),
+            delay_worst=float(delays.max()) if len(delays) else float("nan"),
+            what_if_error_median=float(np.median(np.abs(errors))) if len(errors) else float("nan"),
+            what_if_error_worst=float(errors[np.argmax(np.abs(errors))]) if len(errors) else float("nan"),
+            what_ifs=len(errors)))
     return out
 
 
