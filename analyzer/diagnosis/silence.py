@@ -1,7 +1,9 @@
 """Rule: silent ranks, ranks that stop reporting while the rest of the job goes on.
 
 A rank seen before and missing for ``silent_after`` iterations in a row (or for two or more
-iterations spanning ``silent_after_s`` seconds of its peers' time), while at least half of
+iterations spanning ``silent_after_s`` seconds of its peers' time), or for fewer (down to
+:data:`SILENT_MIN`) where the job's own record of dropped points makes that many in a row by
+chance rarer than :data:`FALSE_SILENCE_RATE` per iteration (:meth:`SilenceRule.needed`), while at least half of
 the job reports (otherwise the whole job paused, or the collector pipeline did), is silent;
 ranks going silent in the same iteration form one incident. It resolves as soon as all of
 its ranks report again.
@@ -32,6 +34,12 @@ from rankscope.incident import Incident, IncidentClass
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, rank_phrase
 
+#: The fewest iterations in a row a rank must miss to be silent, however clean the job's record.
+SILENT_MIN = 3
+#: Chance per iteration, at most, that some rank of the job misses the needed iterations in a
+#: row by dropped points alone (one false silence in 10^7 iterations, ~10 years of 30 s steps).
+FALSE_SILENCE_RATE = 1e-7
+
 
 class SilenceRule(Rule):
     """Hung or crashed processes (or their collectors)."""
@@ -46,6 +54,7 @@ class SilenceRule(Rule):
         self.last_seen_ms = np.zeros(topo.world, dtype=np.int64)
         self.expected = np.zeros(topo.world, dtype=np.int64)   # iterations since first seen
         self.received = np.zeros(topo.world, dtype=np.int64)
+        self.dropped = 0          # points missed in gaps shorter than silent_after
 
     def detect(self, obs: Observation, book: IncidentBook) -> list[Incident]:
         present = obs.present
@@ -55,10 +64,11 @@ class SilenceRule(Rule):
         self.last_seen_ms = np.where(present, obs.time_ms, self.last_seen_ms)
         self.expected += self.seen
         self.received += present
+        self.dropped += int((self.seen & (self.missing > 0) & (self.missing < self.cfg.silent_after)).sum())
         if present.mean() < 0.5:
             return []
         long_gap = (self.missing >= 2) & (obs.time_ms - self.last_seen_ms >= self.cfg.silent_after_s * 1000)
-        silent = self.seen & ((self.missing >= max(1, self.cfg.silent_after)) | long_gap)
+        silent = self.seen & ((self.missing >= self.needed()) | long_gap)
         taken = np.zeros_like(silent)
         for inc in book.open():
             if inc.cls == IncidentClass.SILENT_RANK:
@@ -76,6 +86,23 @@ class SilenceRule(Rule):
                                     f"process, or its collector.")}
         inc = book.register(inc)
         return [inc]
+
+    def needed(self) -> int:
+        """Iterations in a row a rank must miss to be silent: the fewest from :data:`SILENT_MIN`
+        (never more than ``silent_after``) for which the job's drop rate (an upper bound: the
+        dropped points + 3 over the points expected) makes any of its ranks miss that many by
+        chance at most :data:`FALSE_SILENCE_RATE` per iteration; ``silent_after`` on a young
+        record or a lossy one."""
+        top = max(1, self.cfg.silent_after)
+        n = int(self.expected.sum())
+        if top <= SILENT_MIN or n <= 0:
+            return top
+        p = min(1.0, (self.dropped + 3) / n)
+        world = max(int(self.seen.sum()), 1)
+        for k in range(SILENT_MIN, top):
+            if world * p ** k <= FALSE_SILENCE_RATE:
+                return k
+        return top
 
     @property
     def gaps(self) -> tuple[int, int]:
