@@ -11,13 +11,19 @@ import sys
 import threading
 import time
 
-from events.auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, Credentials, check_exposure
 from events.payloads import DEFAULT_HOST_LABELS, from_rankscope
 from events.receiver import EventReceiver, ReceiverConfig
 from events.rows import DEFAULT_SEVERITY, FIRING, RESOLVED, events_frame, sourced
 from rankscope import schema
 from rankscope.cli import add_store_options
 from rankscope.hostnames import matching_hosts
+from rankscope.http_credentials import (
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    USER_ENV,
+    Credentials,
+    check_exposure,
+)
 from rankscope.store import Store, open_store
 from rankscope.times import format_time, parse_time
 

@@ -1,7 +1,7 @@
 """The HTTP receiver: Alertmanager, Grafana and rankscope's own events into the store.
 
 Endpoints: ``POST /alertmanager``, ``POST /grafana``, ``POST /events`` and ``GET /healthz``,
-served by :mod:`events.http_handler` (standard library, a thread per connection, a deep listen
+served by :mod:`rankscope.http_intake` (standard library, a thread per connection, a deep listen
 backlog); the rows of concurrent posts are written together (:mod:`events.write_batcher`).
 
 Answers (JSON bodies):
@@ -11,7 +11,7 @@ Answers (JSON bodies):
   same payload ARE written; ``refused`` names each other one by index and reason and
   ``written`` counts the rest. Alertmanager does not retry a 4xx, so a bad alert is not
   re-sent forever (and a re-sent good one rewrites the same point);
-- 401 without the credentials (when some are configured: :mod:`events.auth`), 404, 405,
+- 401 without the credentials (when some are configured: :mod:`rankscope.http_credentials`), 404, 405,
   411 (no Content-Length), 413 (body over the limit), 415 (not ``application/json``);
 - 503 when the store refused the write or too much is waiting to be written: nothing of the
   payload was written, and Alertmanager retries a 5xx (writes are idempotent: same time and
@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from events.auth import ANONYMOUS, Credentials, check_exposure
-from events.http_handler import Reply, make_server, not_found
 from events.payloads import (
     DEFAULT_HOST_LABELS,
     Translation,
@@ -42,6 +40,8 @@ from events.payloads import (
 from events.rows import EventRow, events_frame
 from events.write_batcher import Busy, WriteBatcher
 from rankscope import schema
+from rankscope.http_credentials import ANONYMOUS, Credentials, check_exposure
+from rankscope.http_intake import Reply, make_server, not_found
 from rankscope.lineprotocol import LineProtocolError, check_key
 from rankscope.store import Store
 
@@ -163,9 +163,11 @@ class EventReceiver:
         """The batcher's write: one frame of every waiting post's rows."""
         self.store.write_measurement(schema.EVENT, events_frame(rows, self.config.job))
 
-    def handle(self, path: str, body: bytes, peer: str = "-", principal: str = ANONYMOUS) -> Reply:
+    media_types = ("application/json",)
+
+    def handle(self, path: str, body: bytes, peer: str = "-", principal: str = ANONYMOUS, query: str = "") -> Reply:
         """Translate and write one posted payload (from ``peer``, who proved to be
-        ``principal``); log one line about it."""
+        ``principal``; the URL's ``query`` is not used); log one line about it."""
         endpoint = path.lstrip("/")
         translate = self._routes.get(path)
         if translate is None:

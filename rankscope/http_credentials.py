@@ -1,4 +1,4 @@
-"""Who may post to the receiver: a bearer token, HTTP basic auth, or (on loopback only) anyone.
+"""Who may post to an endpoint (the events receiver, the analyzer's stream of points): a bearer token, HTTP basic auth, or (on loopback only) anyone.
 
 Alertmanager's webhook ``http_config`` sends either ``authorization`` (``Authorization:
 Bearer <credentials>``) or ``basic_auth`` (``Authorization: Basic base64(user:password)``), and
@@ -67,10 +67,12 @@ class Credentials:
             raise ValueError(f"the basic-auth user name ({USER_ENV}) cannot contain ':'")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> Credentials:
-        """The credentials in ``environ`` (``os.environ``): unset or empty variables ask nothing."""
-        return cls(token=environ.get(TOKEN_ENV) or None, user=environ.get(USER_ENV) or None,
-                   password=environ.get(PASSWORD_ENV) or None)
+    def from_env(cls, environ: Mapping[str, str], names: tuple[str, str, str] = (TOKEN_ENV, USER_ENV, PASSWORD_ENV)
+                 ) -> Credentials:
+        """The credentials in ``environ`` (``os.environ``) under ``names`` (token, user, password
+        variables; the events receiver's by default): unset or empty variables ask nothing."""
+        token, user, password = (environ.get(n) or None for n in names)
+        return cls(token=token, user=user, password=password)
 
     @property
     def required(self) -> bool:

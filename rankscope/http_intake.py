@@ -1,4 +1,5 @@
-"""The receiver's HTTP side: a threading server with a deep listen backlog, and the request
+"""The HTTP side of the endpoints that take posts (the events receiver, the analyzer's stream of
+points): a threading server with a deep listen backlog, and the request
 checks done before a body is read (path, credentials, content type, length).
 
 Standard library ``http.server``, one thread per connection. What made it drop posts under
@@ -20,7 +21,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from events.auth import Credentials
+from rankscope.http_credentials import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,13 @@ class Backend(Protocol):
     @property
     def max_body_bytes(self) -> int: ...
 
-    def handle(self, path: str, body: bytes, peer: str = "-", principal: str = "-") -> Reply: ...
+    #: Media types a POST may carry (None: any; the events receiver takes JSON only).
+    media_types: tuple[str, ...] | None
+
+    def handle(self, path: str, body: bytes, peer: str = "-", principal: str = "-", query: str = "") -> Reply: ...
 
 
-class EventsHTTPServer(ThreadingHTTPServer):
+class IntakeHTTPServer(ThreadingHTTPServer):
     """One daemon thread per connection, at most :data:`MAX_HANDLERS` at once, a listen
     backlog of :data:`LISTEN_BACKLOG`."""
 
@@ -84,10 +88,10 @@ class EventsHTTPServer(ThreadingHTTPServer):
             self._slots.release()
 
 
-def make_server(address: tuple[str, int], backend: Backend) -> EventsHTTPServer:
+def make_server(address: tuple[str, int], backend: Backend) -> IntakeHTTPServer:
     """A server bound to ``address`` whose requests ``backend`` answers."""
     handler = type("Handler", (RequestHandler,), {"backend": backend})
-    return EventsHTTPServer(address, handler)
+    return IntakeHTTPServer(address, handler)
 
 
 def not_found(path: str, paths: Sequence[str]) -> Reply:
@@ -99,7 +103,7 @@ class RequestHandler(BaseHTTPRequestHandler):
     body to ``backend.handle``. :func:`make_server` binds a backend."""
 
     backend: Backend
-    server_version = "rankscope-events"
+    server_version = "rankscope"
     sys_version = ""
     protocol_version = "HTTP/1.1"
     timeout = 30  # seconds a silent connection may hold a thread
@@ -125,7 +129,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._refuse(refusal)
             return
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        self._send(self.backend.handle(path, body, self.client_address[0], principal or "-"))
+        query = self.path.split("?", 1)[1] if "?" in self.path else ""
+        self._send(self.backend.handle(path, body, self.client_address[0], principal or "-", query))
 
     def _unauthorized(self, path: str) -> Reply:
         creds = self.backend.credentials
@@ -140,9 +145,10 @@ class RequestHandler(BaseHTTPRequestHandler):
         """Why an authorized POST is answered without reading its body (None: it is read):
         not JSON, no or a bad Content-Length, a body over the limit."""
         ctype = self.headers.get("Content-Type") or ""
-        if ctype.split(";", 1)[0].strip().lower() not in JSON_TYPES:
+        types = getattr(self.backend, "media_types", JSON_TYPES)
+        if types is not None and ctype.split(";", 1)[0].strip().lower() not in types:
             return Reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                         {"error": f"Content-Type must be application/json, got {ctype[:100]!r}"})
+                         {"error": f"Content-Type must be {' or '.join(types)}, got {ctype[:100]!r}"})
         length = self.headers.get("Content-Length")
         if length is None or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             return Reply(HTTPStatus.LENGTH_REQUIRED, {"error": "a Content-Length is required"})
@@ -166,7 +172,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         self._send(reply, close=True)
 
     def _send(self, reply: Reply, close: bool = False) -> None:
-        data = json.dumps(reply.body).encode()
+        data = b"" if reply.status == HTTPStatus.NO_CONTENT else json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.service.run_once import run_once
-from events.auth import PASSWORD_ENV, USER_ENV
 from rankscope import schema
+from rankscope.http_credentials import PASSWORD_ENV, USER_ENV
 from rankscope.store import InfluxStore
 from rankscope.times import format_time
 from simulator.scenario import load_scenario

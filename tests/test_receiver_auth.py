@@ -7,7 +7,9 @@ import logging
 
 import pytest
 
-from events.auth import (
+from events.receiver import EventReceiver, ReceiverConfig
+from rankscope.cli import main
+from rankscope.http_credentials import (
     PASSWORD_ENV,
     TOKEN_ENV,
     USER_ENV,
@@ -16,8 +18,6 @@ from events.auth import (
     check_exposure,
     is_loopback,
 )
-from events.receiver import EventReceiver, ReceiverConfig
-from rankscope.cli import main
 from tests.receiver_load import basic_auth
 from tests.test_event_payloads import am_alert, am_payload
 from tests.test_events_receiver import STARTS, call

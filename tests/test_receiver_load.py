@@ -10,10 +10,10 @@ import threading
 
 import pytest
 
-from events.http_handler import LISTEN_BACKLOG
 from events.receiver import EventReceiver, ReceiverConfig
 from events.rows import EventRow
 from events.write_batcher import Busy, WriteBatcher
+from rankscope.http_intake import LISTEN_BACKLOG
 from tests.receiver_load import CLIENTS, POSTS, basic_auth, run_load
 
 USER, PASSWORD = "alertmanager", "load-test-password"

@@ -26,7 +26,11 @@ iterations by their ``iteration`` field:
 5. **what the rows say**: the job's topology and stages from its first iterations, a
    placement that moved, each backfill chunk's layout (:mod:`analyzer.read.row_layout`);
 6. **the events**: the job's out-of-band events and the cluster's, read when the cycle asks
-   (once a cycle).
+   (once a cycle);
+7. **the stream path**: with a ``stream`` (:mod:`analyzer.read.stream_feed`), once a read has
+   caught up and the feed covers everything written since it began, the rows come from the
+   points InfluxDB forwarded instead of a read; a start, a rewind, a subscription made again
+   or points lost make the next cycle read from the store again (from the cursor, as above).
 
 ``since_ms`` / ``until_ms`` make it a reader of a fixed range (``rankscope rollup``, and the
 iterations before a replay): from ``since_ms``, to ``until_ms``, everything handed on at
@@ -46,6 +50,7 @@ from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.iteration_assembler import AssemblyCounts, IterationAssembler
 from analyzer.read.read_size import MAX_READ_ROWS, iterations_per_read
 from analyzer.read.row_layout import chunk_topology, described_placement, stages_of, topology_of
+from analyzer.read.stream_feed import StreamFeed
 from rankscope import schema
 from rankscope.schema import StageSet
 from rankscope.store import Store
@@ -78,8 +83,11 @@ class IterationReader:
     """
 
     def __init__(self, store: Store, job: str, chunk: int = 20, max_read_rows: int = MAX_READ_ROWS,
-                 wait_ms: int = 15_000, since_ms: int | None = None, until_ms: int | None = None):
+                 wait_ms: int = 15_000, since_ms: int | None = None, until_ms: int | None = None,
+                 stream: StreamFeed | None = None):
         self.store, self.job = store, job
+        self.stream = stream                 # the points as InfluxDB forwards them (the stream path)
+        self._read_at: float | None = None   # wall time (s) the last read from the store began
         self.chunk, self.max_read_rows = chunk, max_read_rows
         self.until_ms = until_ms
         self.since_ms = since_ms
@@ -137,8 +145,10 @@ class IterationReader:
     def rewind(self) -> None:
         """This cycle's outputs were not stored: the cursor goes back to where the cycle began,
         so the next one reads it all again (rows of iterations handed on are neither handed
-        on again nor counted late)."""
+        on again nor counted late). A stream reader reads back from the store next time: the
+        rows it took are gone from the feed."""
         self.read_until = self._began
+        self._read_at = None
 
     def first_point_after(self, ms: int) -> int | None:
         """The time of the job's first point after ``ms`` (None: nothing since)."""
@@ -167,6 +177,12 @@ class IterationReader:
         take is handed on first by the next."""
         if self._held is not None:
             yield from self._hand(self._held)
+        if self.stream is not None and self.read_until is not None and self.stream.covers(self._read_at):
+            yield from self._streamed(final, clock)
+            return
+        if self.stream is not None:   # a read: it holds what the stream held of the job
+            self._read_at = time.time()
+            self.stream.forget(self.job)
         tail = False
         while not tail:
             t0 = time.perf_counter()
@@ -186,6 +202,18 @@ class IterationReader:
             ready = self.assembler.ready(self.expected, now, final and tail)
             if len(ready):
                 yield from self._hand(ready)
+
+    def _streamed(self, final: bool, clock: Callable[[], float] | None) -> Iterator[pd.DataFrame]:
+        """The stream path: the job's rows the feed took since the last cycle, as a read."""
+        t0 = time.perf_counter()
+        frame = self.stream.take(self.job)
+        self.read_s += time.perf_counter() - t0
+        if len(frame):
+            self._take(frame, [self.read_until])
+        now = int(clock() * 1000) if clock is not None else None
+        ready = self.assembler.ready(self.expected, now, final)
+        if len(ready):
+            yield from self._hand(ready)
 
     def took(self) -> None:
         """The chunk handed on last is taken (fed), though the caller stops asking for more (a

@@ -18,6 +18,7 @@ from analyzer.service.analyzer_service import AnalyzerService
 from analyzer.service.config_watch import ConfigWatcher
 from analyzer.service.schedule import build_scheduler, safe_cycle
 from analyzer.service.shards import SHARD_ENV, Shard, ShardSpecError, shard_of
+from analyzer.service.stream_cli import add_stream_options, start_stream
 from rankscope.cli import add_store_options, require_jobs
 from rankscope.store import open_store
 
@@ -77,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --every: touch FILE at start and after every cycle, for a liveness "
                         "probe that checks its age (env RANKSCOPE_HEARTBEAT)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_stream_options(p)
     p.set_defaults(func=run)
 
 
@@ -150,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
     watcher = ConfigWatcher(args.config) if args.config and not args.once else None
     cfg, stages = (watcher.config, watcher.stages) if watcher else load_config(args.config)
     store = open_store(args.store, args.bucket, create=False)
+    stream = start_stream(args, store) if not args.once else None
     svc = AnalyzerService(store, cfg, stages, jobs=args.job, progress=not args.quiet and not args.json,
-                          shard=shard)
+                          shard=shard, stream=stream and stream.feed, subscription=stream and stream.subscription)
     if args.once:
         try:
             return _once(svc, store, args)
@@ -171,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
+        if stream is not None:
+            stream.close()
         store.close()
     return 0
 

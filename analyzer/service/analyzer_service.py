@@ -3,9 +3,8 @@
 Each cycle, per job:
 
 1. **read**: the job's :class:`~analyzer.read.iteration_reader.IterationReader` (the only
-   reader of ``stage_latency``) finds the new points, from a margin before the newest point
-   read (late writers), and hands on whole iterations, a chunk at a time; the job's events
-   are read once;
+   reader of ``stage_latency``: from the store, or as InfluxDB forwards the points, the stream
+   path) hands on whole iterations, a chunk at a time; the job's events are read once;
 2. **feed**: the iterations to the job's :class:`~analyzer.job_analyzer.JobAnalyzer`, started
    from the layout of its first iterations, following the placement the rows describe;
 3. **write**: ``l1_changepoint``, ``l2_kind``, ``l2_group``, ``l2_rank``, ``job_health``, ``incident`` and
@@ -47,6 +46,8 @@ from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.host_history import annotate_repeat_offenders
 from analyzer.read.iteration_reader import IT, LATE_MARGIN_MS, IterationReader
 from analyzer.read.read_size import MAX_READ_ROWS
+from analyzer.read.stream_feed import StreamFeed
+from analyzer.read.subscription import Subscription
 from analyzer.service.cycle_report import CycleFailed, CycleReport, IncidentEvidence
 from analyzer.service.job_life import (
     RANKS_LEFT,
@@ -76,8 +77,10 @@ class AnalyzerService:
                  jobs: list[str] | None = None, topology: Topology | None = None,
                  chunk_iterations: int = 20, progress: bool = False,
                  clock: Callable[[], float] = time.time, max_read_rows: int = MAX_READ_ROWS,
-                 shard: Shard | None = None, evidence: Sequence[IncidentEvidence] = ()):
+                 shard: Shard | None = None, evidence: Sequence[IncidentEvidence] = (),
+                 stream: StreamFeed | None = None, subscription: Subscription | None = None):
         self.store = store
+        self.stream, self.subscription = stream, subscription   # the stream path, its subscription
         self.cfg = config or AnalyzerConfig()
         self.stages = stages
         self.jobs = jobs
@@ -114,6 +117,9 @@ class AnalyzerService:
         jobs idle for ``job_idle_s`` end."""
         report = CycleReport()
         jobs = self._jobs()
+        if self.stream is not None:   # the stream path: its subscription made, what came parsed
+            _ = self.subscription is not None and self.subscription.ensure()
+            self.stream.drain(jobs)
         workers = max(1, min(int(self.cfg.concurrency), len(jobs)))
         if workers == 1:
             results = [self._one_job(job, final) for job in jobs]
@@ -150,14 +156,15 @@ class AnalyzerService:
         if reader is not None:
             return reader
         end = self.ended.get(job) or stored_end(self.store, job)
-        reader = IterationReader(self.store, job, self.chunk, self.max_read_rows)
+        reader = IterationReader(self.store, job, self.chunk, self.max_read_rows, stream=self.stream)
         if end is not None:
             after = reader.first_point_after(end.end_ms)
             if after is None:
                 self.ended[job] = end
                 return None
             log.info("job %s: a new job under the name of one that ended", job)
-            reader = IterationReader(self.store, job, self.chunk, self.max_read_rows, since_ms=after)
+            reader = IterationReader(self.store, job, self.chunk, self.max_read_rows, since_ms=after,
+                                     stream=self.stream)
             reader.attempts = Attempts(job, base_step=end.step + 1)
             self.ended.pop(job, None)
         reader.attempts.idle_ms = int(self.cfg.job_idle_s * 1000)

@@ -237,15 +237,7 @@ class Store(ABC):
             if not times:
                 return pd.DataFrame()
             start_ms = max(start_ms or times[-1], times[-1])
-        df = self.read(schema.STAGE_LATENCY, job, start_ms, end_ms)
-        if len(df) and schema.ITERATION_FIELD not in df.columns:
-            return df.iloc[:0]
-        if len(df):
-            if df[schema.ITERATION_FIELD].isna().any():
-                df = df.loc[df[schema.ITERATION_FIELD].notna()].copy()
-            df[schema.ITERATION_FIELD] = df[schema.ITERATION_FIELD].astype(np.int64)
-            df = df.sort_values(["time", "rank"], kind="stable").reset_index(drop=True)
-        return df
+        return stage_latency_rows(self.read(schema.STAGE_LATENCY, job, start_ms, end_ms))
 
     def read_events(self, job: str | None = None, start_ms: int | None = None,
                     end_ms: int | None = None, cluster: bool = True) -> pd.DataFrame:
@@ -269,6 +261,19 @@ class Store(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def stage_latency_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Points of ``stage_latency`` as the analyzer takes them: those with an ``iteration`` (an
+    integer), by time and rank. Shared by the reads and the stream of points."""
+    if not len(df):
+        return df
+    if schema.ITERATION_FIELD not in df.columns:
+        return df.iloc[:0]
+    if df[schema.ITERATION_FIELD].isna().any():
+        df = df.loc[df[schema.ITERATION_FIELD].notna()].copy()
+    df[schema.ITERATION_FIELD] = df[schema.ITERATION_FIELD].astype(np.int64)
+    return df.sort_values(["time", "rank"], kind="stable").reset_index(drop=True)
 
 
 def normalise_frame(df: pd.DataFrame) -> pd.DataFrame:
