@@ -225,6 +225,9 @@ def test_line_protocol_with_escapes_quotes_precisions_and_junk():
     assert df["host"].tolist() == ["c", "a b"] and df["gpu_uuid"].tolist()[1] == "GPU-1, x"
     assert df["mlp"].tolist() == [2.5, 1.5] and df["iteration"].tolist() == [2.0, 2.0]
     assert parse_points(b"other,job=j x=1 1", schema.STAGE_LATENCY).empty
+    seven = parse_points(b"stage_latency,host=7,job=7,rank=3 iteration=1i 5\nstage_latency,host=7,job=7,rank=4 "
+                         b"iteration=1i 6", schema.STAGE_LATENCY)
+    assert seven["job"].tolist() == ["7", "7"] and seven["rank"].tolist() == [3, 4]   # as a read types them
     with pytest.raises(LineProtocolError):
         parse_points(b"stage_latency,job=j,rank=0 junk 1 2 3", schema.STAGE_LATENCY)
     with pytest.raises(LineProtocolError):

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope import schema
-from rankscope.store.base import normalise_frame
+from rankscope.store.base import INT_TAGS, normalise_frame
 
 #: Timestamp units of the ``precision`` parameter of a write, in nanoseconds.
 PRECISION_NS = {"n": 1, "ns": 1, "u": 1_000, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
@@ -50,8 +50,10 @@ def parse_points(body: bytes, measurement: str, precision: str = "ns") -> pd.Dat
 
 def _split_lines(body: bytes, head: bytes) -> tuple[bytes, list[bytes]]:
     """The lines of ``body`` that start with ``head``: those the fast path takes, joined, and
-    those with an escape or a separator inside a string (a few, one by one). Whole-buffer numpy, no loop per line."""
-    raw = np.frombuffer(body if body.endswith(b"\n") else body + b"\n", dtype=np.uint8)
+    those with an escape or a separator inside a string (a few, one by one). Whole-buffer numpy
+    (a pass per byte value looked for), no loop per line."""
+    data = body if body.endswith(b"\n") else body + b"\n"
+    raw = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(raw == ord("\n"))
     starts = np.concatenate([[0], ends[:-1] + 1])
     ok = (ends - starts) > len(head)
@@ -59,54 +61,86 @@ def _split_lines(body: bytes, head: bytes) -> tuple[bytes, list[bytes]]:
         ok &= raw[np.minimum(starts + k, len(raw) - 1)] == byte
     if not ok.any():
         return b"", []
-    line = np.repeat(np.arange(len(ends)), ends - starts + 1)    # each byte's line
     odd = np.zeros(len(ends), dtype=bool)
-    odd[line[raw == ord("\\")]] = True                              # an escape
-    quoted = (np.cumsum(raw == ord('"')) % 2) == 1                  # inside a string field
-    odd[line[quoted & ((raw == ord(" ")) | (raw == ord(",")) | (raw == ord("=")))]] = True
+    if b"\\" in data:                                             # an escape
+        odd[np.searchsorted(ends, np.flatnonzero(raw == ord("\\")))] = True
+    if b'"' in data:                                              # a separator inside a string
+        q = np.flatnonzero(raw == ord('"'))
+        per_line = np.bincount(np.searchsorted(ends, q), minlength=len(ends))
+        odd |= (per_line % 2) == 1
+        if not odd.any() and len(q) >= 2:
+            sep = (raw == ord(" ")) | (raw == ord(",")) | (raw == ord("="))
+            inside = np.add.reduceat(sep, q)[0::2]                # [open, close) of each string
+            odd[np.searchsorted(ends, q[0::2][inside])] = True
     hard = ok & odd
-    keep = (ok & ~hard)[line]
-    slow = [body[s:e] for s, e in zip(starts[hard].tolist(), ends[hard].tolist(), strict=True)]
+    if ok.all() and not hard.any():
+        return data.rstrip(b"\n"), []
+    keep = np.repeat(ok & ~hard, ends - starts + 1)
+    slow = [data[s:e] for s, e in zip(starts[hard].tolist(), ends[hard].tolist(), strict=True)]
     return raw[keep].tobytes().rstrip(b"\n"), slow
 
 
 def _fast(lines: bytes, measurement: str) -> pd.DataFrame:
-    """Lines without escapes or quotes (joined by newlines), by the whole-buffer path."""
+    """Lines without escapes or separators in strings (joined by newlines), by the whole-buffer path."""
     if not lines:
         return pd.DataFrame()
     blob = lines.replace(b" ", b",").replace(b"=", b",")
     raw = np.frombuffer(blob, dtype=np.uint8)
     starts = np.concatenate([[0], np.flatnonzero(raw == ord("\n")) + 1])
-    commas = np.add.reduceat((raw == ord(",")).astype(np.int64), starts)
+    commas = np.add.reduceat(raw == ord(","), starts, dtype=np.int64)
     width = int(commas.max()) + 1
-    tokens = pd.read_csv(io.BytesIO(blob), header=None, names=range(width), dtype=str, na_filter=False,
-                         engine="c", quoting=3).to_numpy(dtype=object)
+    tokens = pd.read_csv(io.BytesIO(blob), header=None, names=range(width), keep_default_na=False,
+                         na_values=[""], engine="c", quoting=3)
     if len(tokens) != len(starts) or not (commas % 2).all():
         raise LineProtocolError(f"{measurement}: {len(starts)} line(s) that are not key=value line protocol")
-    return _columns(tokens, commas.astype(np.int64), measurement)
+    texts = _text_columns(tokens, measurement)
+    if texts:   # string tags that read as numbers (a job named "7"): again, as text
+        again = pd.read_csv(io.BytesIO(blob), header=None, names=range(width), usecols=texts, dtype=str,
+                            keep_default_na=False, na_values=[""], engine="c", quoting=3)
+        for c in texts:
+            tokens[c] = again[c]
+    return _columns(tokens, commas, measurement)
 
 
-def _columns(tokens: np.ndarray, commas: np.ndarray, measurement: str) -> pd.DataFrame:
-    """Rows of ``measurement, k, v, ..., ts`` tokens (``commas + 1`` each) as columns."""
-    n = len(tokens)
-    rows = np.arange(n)
-    out: dict[str, np.ndarray] = {"time": pd.to_numeric(tokens[rows, commas]).astype(np.int64)}
-    tags = set(schema.MEASUREMENTS[measurement].tags) if measurement in schema.MEASUREMENTS else set()
+def _text_columns(tokens: pd.DataFrame, measurement: str) -> list[int]:
+    """Value columns of tags kept as text (all but the integer tags) the reader typed as numbers."""
+    tags = set(schema.MEASUREMENTS[measurement].tags) - INT_TAGS if measurement in schema.MEASUREMENTS else set()
+    out = []
     for j in range(1, tokens.shape[1] - 1, 2):
+        if tokens[j + 1].dtype.kind in "fiu" and set(tokens[j].dropna().unique().tolist()) & tags:
+            out.append(j + 1)
+    return out
+
+
+def _columns(tokens: pd.DataFrame, commas: np.ndarray, measurement: str) -> pd.DataFrame:
+    """Rows of ``measurement, k, v, ..., ts`` tokens (``commas + 1`` each) as columns. Where every
+    row has the same keys in the same places (the collectors' points) a column is taken whole,
+    typed as the C reader typed it; else row by row of each key."""
+    n, tags = len(tokens), set(schema.MEASUREMENTS[measurement].tags) if measurement in schema.MEASUREMENTS else set()
+    uniform = bool((commas == commas[0]).all())
+    cols = [tokens[c] for c in tokens.columns]
+    ts = cols[int(commas[0])] if uniform else pd.Series(tokens.to_numpy(dtype=object)[np.arange(n), commas])
+    out: dict[str, object] = {"time": pd.to_numeric(ts).to_numpy(np.int64)}
+    for j in range(1, len(cols) - 1, 2):
         inside = commas > j            # a key here (not the row's timestamp)
         if not inside.any():
             break
-        keys = tokens[:, j]
+        keys = cols[j].to_numpy(dtype=object)
+        if uniform and (keys == keys[0]).all():
+            out[str(keys[0])] = cols[j + 1].to_numpy()
+            continue
+        values = cols[j + 1].to_numpy(dtype=object)
         for key in pd.unique(keys[inside]):
             m = inside & (keys == key)
-            col = out.setdefault(key, np.full(n, None, dtype=object))
-            col[m] = tokens[m, j + 1]
-    frame = {k: (v if k == "time" or k in tags else _field(v)) for k, v in out.items()}
-    return pd.DataFrame(frame)
+            col = out.setdefault(str(key), np.full(n, None, dtype=object))
+            col[m] = values[m]
+    return pd.DataFrame({k: (v if k == "time" or k in tags else _field(v)) for k, v in out.items()})
 
 
 def _field(values: np.ndarray) -> np.ndarray | pd.Series:
     """A field column's text as values: ``1.5``, ``3i`` (integer), ``"text"``, ``t``/``f``."""
+    if values.dtype.kind in "fiu":   # the C reader read numbers already
+        return values.astype(float)
     s = pd.Series(values, dtype=object)
     text = s.dropna().astype(str)
     if text.str.startswith('"').all() and len(text):
