@@ -87,7 +87,8 @@ def _fast(lines: bytes, measurement: str) -> pd.DataFrame:
     blob = lines.replace(b" ", b",").replace(b"=", b",")
     raw = np.frombuffer(blob, dtype=np.uint8)
     starts = np.concatenate([[0], np.flatnonzero(raw == ord("\n")) + 1])
-    commas = np.add.reduceat(raw == ord(","), starts, dtype=np.int64)
+    where = np.flatnonzero(raw == ord(","))
+    commas = np.diff(np.append(np.searchsorted(where, starts), len(where)))   # each line's commas
     width = int(commas.max()) + 1
     tokens = pd.read_csv(io.BytesIO(blob), header=None, names=range(width), keep_default_na=False,
                          na_values=[""], engine="c", quoting=3)
