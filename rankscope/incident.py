@@ -138,7 +138,9 @@ class Incident:
             ratio = f" (last by {self.evidence['lead_ms']:.1f} ms{stretch})"
         again = f"intermittent ({self.episodes} episodes) " if self.intermittent else ""
         host = "host-side " if self.host_side else ""
-        return f"{again}{host}{self.cls.label}: {rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
+        gpu = f"{self.hardware['phrase']}, " if self.hardware.get("verdict") == "hardware_fault" \
+            and self.hardware.get("phrase") else ""
+        return f"{again}{host}{self.cls.label}: {gpu}{rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
 
     @property
     def host_side(self) -> bool:
@@ -165,6 +167,8 @@ class Incident:
             lines.append(f"  {self.cost}")
         lines.append(f"  Action: {self.action}")
         lines += [f"  Record: {self.host_record}"] if self.host_record else []
+        lines += [f"  Hardware ({self.hardware['verdict']}): {self.hardware.get('summary', '')}"] \
+            if self.hardware.get("verdict") else []
         lines += [f"  {e.sentence}" for e in self.events]
         return lines
 
@@ -193,6 +197,8 @@ class Incident:
             parts.append(self.cost)
         if self.host_record:
             parts.append(self.host_record)
+        if self.hardware.get("summary"):
+            parts.append(f"Hardware ({self.hardware.get('verdict')}): {self.hardware['summary']}")
         for e in self.events:
             parts.append(f"Event '{e.name}' on {e.where}: {e.verdict} ({e.reason}).")
         if self.status == Status.RESOLVED:

@@ -46,6 +46,7 @@ from analyzer.job_analyzer import JobAnalyzer
 from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.host_history import annotate_repeat_offenders
 from analyzer.read.iteration_reader import IT, LATE_MARGIN_MS, IterationReader
+from analyzer.read.rank_devices import name_gpus
 from analyzer.read.read_size import MAX_READ_ROWS
 from analyzer.service.cycle_report import CycleFailed, CycleReport, IncidentEvidence
 from analyzer.service.job_life import (
@@ -221,6 +222,7 @@ class AnalyzerService:
             rollups.flush(self.store, ja.last_time_ms, int(self.clock() * 1000), final, force=True)
         if out.complete:
             annotate_repeat_offenders(self.store, out.incidents.values())   # new ones: their hosts' record
+            name_gpus(out.incidents.values(), ja.topo, getattr(self.readers.get(job), "devices", None))
             for source in self.evidence:   # what other sources say of the incidents, before they are written
                 source.attach(job, list(out.incidents.values()), ja)
             out.write(self.store)
