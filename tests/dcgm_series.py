@@ -64,7 +64,8 @@ class Job:
         return f"GPU-{zlib.crc32(f'{self.name}/{node}'.encode()):08x}-{gpu:04d}"
 
 
-def _levels(job: Job, culprit: bool, t: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def levels(job: Job, culprit: bool, t: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per dcgm-exporter metric, one GPU's values at times ``t`` (ms)."""
     n = len(t)
     after = t >= job.onset_ms
     v = {"DCGM_FI_DEV_SM_CLOCK": rng.normal(1980, 10, n), "DCGM_FI_DEV_GPU_TEMP": rng.normal(62, 2, n),
@@ -97,9 +98,14 @@ def _value(x: float) -> str:
     return "NaN" if not np.isfinite(x) else repr(float(x))
 
 
+def sample_times(job: Job) -> np.ndarray:
+    """The sample times (ms) of every series of ``job``."""
+    return np.arange(job.onset_ms - BEFORE_S * 1000, job.onset_ms + AFTER_S * 1000 + 1, SAMPLE_S * 1000)
+
+
 def series_lines(job: Job) -> dict[str, list[str]]:
     """Per metric, the OpenMetrics sample lines of ``job``'s GPUs."""
-    t = np.arange(job.onset_ms - BEFORE_S * 1000, job.onset_ms + AFTER_S * 1000 + 1, SAMPLE_S * 1000)
+    t = sample_times(job)
     rng = np.random.default_rng(zlib.crc32(job.name.encode()))
     out: dict[str, list[str]] = {}
     for node, host in enumerate(job.hosts()):
@@ -108,7 +114,7 @@ def series_lines(job: Job) -> dict[str, list[str]]:
             continue
         for gpu in range(job.gpus):
             copies = [("dcgm", t)] + ([("dcgm-ha", t[::2])] if culprit and job.duplicate else [])
-            values = _levels(job, culprit, t, rng)
+            values = levels(job, culprit, t, rng)
             for scrape_job, times in copies:
                 labels = (f'gpu="{gpu}",UUID="{job.uuid(node, gpu)}",Hostname="{job.label_host(host)}",'
                           f'instance="{job.label_host(host)}:9400",job="{scrape_job}",modelName="NVIDIA H100 80GB HBM3"')
