@@ -130,6 +130,12 @@ class Incident:
         return "?"
 
     @property
+    def hardware_verdict(self) -> str:
+        """The GPU telemetry's verdict in a table cell: ``hardware_fault: GPU thermal throttling``."""
+        hw = self.hardware
+        return f"{hw['verdict']}: {hw['phrase']}" if hw.get("phrase") else str(hw.get("verdict", ""))
+
+    @property
     def title(self) -> str:
         stage = f" in {self.stage}" if self.stage else ""
         ratio = f" ({self.ratio:.1f}x)" if self.ratio and self.cls != IncidentClass.SILENT_RANK else ""
@@ -242,6 +248,7 @@ class Incident:
             "evidence": json.dumps(_plain(self.evidence)), "updated_ms": int(self.updated_ms),
             "episodes": int(self.episodes), "first_onset": int(self.first_onset),
             "last_onset": int(self.last_onset), "host_record": self.host_record or "",
+            "hardware_verdict": self.hardware_verdict,
             **{k: float(getattr(self.impact, k)) for k in Impact.FIELDS},
             **{k: json.dumps(_plain(getattr(self, k))) for k in self.RECORDS},
             **{k: float(getattr(self, k)) for k in self.DURATIONS},

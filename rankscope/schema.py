@@ -310,10 +310,11 @@ MEASUREMENTS: dict[str, Measurement] = {
          "first_onset": "int", "last_onset": "int", "iteration_s_before": "float",
          "iteration_s_now": "float", "slowdown": "float", "gpu_hours_lost": "float",
          "iteration_s_if_restored": "float", "host_record": "str", "gpus": "str", "hardware": "str",
-         "timeline": "str", "recovery": "str", "time_to_detect_s": "float", "time_to_recover_s": "float"},
+         "hardware_verdict": "str", "timeline": "str", "recovery": "str", "time_to_detect_s": "float", "time_to_recover_s": "float"},
         "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved); "
         "impact fields: what the incident costs the job (see rankscope.incident.Impact); gpus, hardware, "
-        "timeline, recovery: JSON records (see rankscope.incident.Incident)",
+        "timeline, recovery: JSON records (see rankscope.incident.Incident); hardware_verdict: the GPU "
+        "telemetry's verdict and phrase in words (hardware_fault: GPU thermal throttling; empty: not checked)",
     ),
     ROLLUP_HOST: Measurement(
         ROLLUP_HOST, _HOST_TAGS,

@@ -16,6 +16,7 @@ import http.server
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ import pytest
 
 from analyzer.read.dcgm_prometheus import DcgmPrometheus
 from analyzer.service.hardware_config import HardwareSettings
+from rankscope.bounded_http import bounded_get
 from rankscope.incident import IncidentClass
 from tests.dcgm_series import EVENTS, THROTTLE, BackfilledPrometheus, Job
 from tests.hardware_incidents import check, incident, signals
@@ -206,3 +208,25 @@ def test_an_incident_checked_before_its_window_is_whole_is_checked_again(prom):
     assert inc.hardware["verdict"] in ("hardware_fault", "no_data") and not inc.hardware["final"]
     check(job, DcgmPrometheus(prom.url), [inc], settings)
     assert inc.hardware["verdict"] == "hardware_fault" and inc.hardware["final"]
+
+
+# ------------------------------------------------------------------------------ the dashboard's panels
+@pytest.mark.parametrize("name", ["thr", "new"])
+def test_the_incident_dashboards_gpu_panels_draw_the_culprit_hosts_gpus(prom, name):
+    """Each PromQL of the drill-down's GPU panels, ``$culprit_host`` filled as its variable does (the first
+    host's short name), over the onset window: one series per GPU of that host, none of another."""
+    from dashboards.incident import FIRST_HOST_SHORT, gpu_queries
+
+    job = JOBS[name]
+    host = re.match(FIRST_HOST_SHORT.strip("/"), ",".join(incident(job).hosts)).group(1)
+    for title, expr in gpu_queries().items():
+        body = bounded_get(f"{prom.url}/api/v1/query_range",
+                           {"query": expr.replace("$culprit_host", host), "start": str(job.onset_ms / 1000),
+                            "end": str(job.onset_ms / 1000 + 600), "step": "60"}, timeout_s=10, max_bytes=1 << 22)
+        result = json.loads(body)["data"]["result"]
+        assert sorted(s["metric"]["gpu"] for s in result) == ["0", "1", "2", "3"], title
+        if "Hostname" in result[0]["metric"]:
+            assert {s["metric"]["Hostname"].lower().split(".")[0] for s in result} == {f"{name}-node-02"}
+        if title.startswith("clock-event"):
+            want = 0x60 if name == "thr" else 0x80
+            assert {float(s["values"][-1][1]) for s in result} == {want}
