@@ -10,10 +10,12 @@ still shows its evidence after the raw points expired.
 from __future__ import annotations
 
 from dashboards.panels import (
+    PROMETHEUS,
     DashboardSpec,
     InfluxAnnotation,
     Layout,
     dashboard_link,
+    prom_target,
     source,
     table,
     target,
@@ -29,13 +31,18 @@ ROLLUP_HOST = source(schema.ROLLUP_HOST)
 FIRST_NUMBER = "/^(\\d+)/"
 EVIDENCE_GROUP_ID = '/"group"\\s*:\\s*\\{[^{}]*?"id"\\s*:\\s*(\\d+)/'
 INCIDENT_WHERE = "\"job\" = '$job' AND \"id\" = '$incident'"
+#: The first culprit host's first label (its short name): dcgm-exporter's ``Hostname`` is often
+#: the short name where the job reports the full one, so the GPU panels match either.
+FIRST_HOST_SHORT = "/^([^.,]+)/"
+#: dcgm-exporter's series of the culprit host's GPUs, by short or full name.
+CULPRIT_GPUS = 'Hostname=~"(?i)$culprit_host(\\\\..+)?"'
 
 
 def _record(lay: Layout) -> list:
     return [table(
         "Incident record",
         [target("SELECT \"title\", \"class\", \"status\", \"hosts\", \"nodes\", \"ranks\", \"stage\", \"ratio\", "
-                "\"group_type\", \"group_ranks\", \"onset_iteration\", \"resolved_iteration\", \"slowdown\", "
+                "\"hardware_verdict\", \"group_type\", \"group_ranks\", \"onset_iteration\", \"resolved_iteration\", \"slowdown\", "
                 "\"gpu_hours_lost\", \"iteration_s_if_restored\", \"text\" "
                 f"FROM {INCIDENT} WHERE {INCIDENT_WHERE}", table=True)],
         lay.place(24, 6),
@@ -98,6 +105,29 @@ def _verdicts(lay: Layout) -> list:
                     "evidence or contradicted by it (e.g. a network event while only compute stages are slow).")]
 
 
+def gpu_queries() -> dict[str, str]:
+    """The PromQL of the culprit host's GPU panels, by title (also run by the tests against Prometheus)."""
+    return {
+        "SM clock": f"DCGM_FI_DEV_SM_CLOCK{{{CULPRIT_GPUS}}}",
+        "temperature": f"DCGM_FI_DEV_GPU_TEMP{{{CULPRIT_GPUS}}}",
+        "clock-event reasons (field 112)": f"max by (gpu) (DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{CULPRIT_GPUS}}} "
+                                           f"or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{CULPRIT_GPUS}}})",
+    }
+
+
+def _gpus(lay: Layout) -> list:
+    """The culprit host's GPUs from dcgm-exporter in Prometheus, beside the InfluxDB panels."""
+    units = {"SM clock": "rotmhz", "temperature": "celsius", "clock-event reasons (field 112)": "none"}
+    return [timeseries(
+        f"GPUs of $culprit_host (DCGM): {title}", [prom_target(expr, "A", "GPU {{gpu}}")], lay.place(8, 8),
+        unit=units[title], datasource=PROMETHEUS,
+        description="The culprit host's GPUs as NVIDIA dcgm-exporter reports them (Prometheus data source). "
+                    "The incident record's hardware_verdict says whether they set the host apart from its own "
+                    "past and the job's other GPUs; field 112's bits: 0x4 SW power cap, 0x8 HW slowdown, "
+                    "0x20 SW thermal, 0x40 HW thermal, 0x80 HW power brake.")
+        for title, expr in gpu_queries().items()]
+
+
 def _annotations() -> list[InfluxAnnotation]:
     return [
         InfluxAnnotation("Incident", f"SELECT \"title\", \"text\", \"tags\" FROM {INCIDENT} WHERE "
@@ -117,7 +147,7 @@ def _annotations() -> list[InfluxAnnotation]:
 def spec() -> DashboardSpec:
     lay = Layout()
     panels = _record(lay)
-    for row in (_culprit_node, _ratios_and_events, _verdicts):   # one row of the grid each
+    for row in (_culprit_node, _gpus, _ratios_and_events, _verdicts):   # one row of the grid each
         lay.newline()
         panels += row(lay)
     return DashboardSpec(
@@ -127,6 +157,7 @@ def spec() -> DashboardSpec:
         variables=[
             job_variable(), incident_variable(),
             incident_field_variable("culprit_node", "culprit node", "nodes", regex=FIRST_NUMBER),
+            incident_field_variable("culprit_host", "culprit host", "hosts", regex=FIRST_HOST_SHORT),
             incident_field_variable("stage", "stage", "stage"),
             incident_field_variable("group_type", "group type", "group_type"),
             incident_field_variable("group_id", "group id", "evidence", regex=EVIDENCE_GROUP_ID),

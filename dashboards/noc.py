@@ -85,17 +85,20 @@ def _incidents_and_suspects(lay: Layout) -> list:
     """The open incidents and the top suspect ranks, side by side."""
     incidents = table(
         "Open incidents",
-        [target(f"SELECT \"class\", \"hosts\", \"ranks\", \"stage\", \"ratio\", \"slowdown\", "
-                f"\"gpu_hours_lost\", \"onset_iteration\", \"title\" FROM {INCIDENT} "
+        [target(f"SELECT \"class\", \"hosts\", \"ranks\", \"stage\", \"ratio\", \"hardware_verdict\", "
+                f"\"slowdown\", \"gpu_hours_lost\", \"onset_iteration\", \"title\" FROM {INCIDENT} "
                 f"WHERE \"status\" = 'open' AND {JOB} AND {OPEN_WINDOW} GROUP BY \"job\"", table=True)],
         lay.place(14, 9), sort_by="GPU-hours lost",
         overrides=[{"matcher": {"id": "byName", "options": "gpu_hours_lost"},
                     "properties": [{"id": "displayName", "value": "GPU-hours lost"},
                                    {"id": "decimals", "value": 0}]},
+                   {"matcher": {"id": "byName", "options": "hardware_verdict"},
+                    "properties": [{"id": "displayName", "value": "GPU telemetry"}]},
                    {"matcher": {"id": "byName", "options": "slowdown"},
                     "properties": [{"id": "unit", "value": "x"}, {"id": "decimals", "value": 2}]}],
         description="One row per open incident, costliest first: fault class, the hosts to drain, culprit "
-                    "ranks, the stage and its ratio to the group median, how much slower the job runs "
+                    "ranks, the stage and its ratio to the group median, what the culprit GPUs' own telemetry "
+                    "says (hardware_fault and why, no_hardware_signal, no_data, unavailable), how much slower the job runs "
                     "and the GPU-hours lost so far, and since when (Time = onset).")
     suspects = table(
         "Top suspect ranks (ratio to group median)",

@@ -28,6 +28,10 @@ from rankscope.store.influxql import source
 DATASOURCE_UID = "rankscope-influxdb"
 DATASOURCE_NAME = "rankscope InfluxDB"
 DATASOURCE: dict[str, str] = {"type": "influxdb", "uid": DATASOURCE_UID}
+#: The Prometheus holding NVIDIA dcgm-exporter's metrics (the incident drill-down's GPU panels).
+PROMETHEUS_UID = "rankscope-prometheus"
+PROMETHEUS_NAME = "rankscope Prometheus (DCGM)"
+PROMETHEUS: dict[str, str] = {"type": "prometheus", "uid": PROMETHEUS_UID}
 
 #: Most rows a heatmap may ask a browser to draw.
 HEATMAP_MAX_ROWS = 2000
@@ -82,9 +86,15 @@ def target(query: str, ref_id: str = "A", alias: str = "", table: bool = False) 
                           format="table" if table else "time_series", datasource=DATASOURCE)
 
 
-def timeseries(title: str, targets: list[InfluxDBTarget], pos: g.GridPos, unit: str = "ms",
-               description: str = "", max_points: int = 500, **extra) -> g.TimeSeries:
-    return g.TimeSeries(title=title, targets=targets, gridPos=pos, unit=unit, dataSource=DATASOURCE,
+def prom_target(expr: str, ref_id: str = "A", legend: str = "") -> g.Target:
+    """A PromQL query on the Prometheus data source (dcgm-exporter's metrics)."""
+    return g.Target(expr=expr, refId=ref_id, legendFormat=legend, datasource=PROMETHEUS)
+
+
+def timeseries(title: str, targets: list, pos: g.GridPos, unit: str = "ms",
+               description: str = "", max_points: int = 500, datasource: dict | None = None,
+               **extra) -> g.TimeSeries:
+    return g.TimeSeries(title=title, targets=targets, gridPos=pos, unit=unit, dataSource=datasource or DATASOURCE,
                         description=description, maxDataPoints=max_points, legendDisplayMode="list",
                         **extra)
 

@@ -20,7 +20,13 @@ import yaml
 
 from dashboards import heatmap, incident, kernels, l2, noc
 from dashboards.alerts import provisioning_document, rankscope_alert_groups
-from dashboards.panels import DATASOURCE_NAME, DATASOURCE_UID, DashboardSpec
+from dashboards.panels import (
+    DATASOURCE_NAME,
+    DATASOURCE_UID,
+    PROMETHEUS_NAME,
+    PROMETHEUS_UID,
+    DashboardSpec,
+)
 from dashboards.routing import notification_document
 
 #: Folder of this package: the default place of the generated files.
@@ -77,7 +83,8 @@ def dump_yaml(document: Mapping[str, object], header: str = "") -> str:
 
 
 def datasource_document() -> dict:
-    """The InfluxDB data source (InfluxQL). Secrets come from Grafana's environment.
+    """The InfluxDB data source (InfluxQL) and the Prometheus holding dcgm-exporter's metrics (its URL from
+    Grafana's ``PROMETHEUS_URL``). Secrets come from Grafana's environment.
 
     InfluxDB 2.x: ``dbName`` is the bucket (DBRP mapping, virtual since 2.4) and
     the token goes in an ``Authorization: Token`` header. InfluxDB 1.x: user and
@@ -106,6 +113,17 @@ def datasource_document() -> dict:
                 "password": "${INFLUXDB_V1_PASSWORD}",
                 "httpHeaderValue1": "Token ${INFLUXDB_V2_TOKEN}",
             },
+        }, {
+            # dcgm-exporter's metrics: the incident drill-down's GPU panels (the analyzer reads the
+            # same server: RANKSCOPE_PROMETHEUS_URL / [hardware] prometheus_url)
+            "name": PROMETHEUS_NAME,
+            "uid": PROMETHEUS_UID,
+            "type": "prometheus",
+            "access": "proxy",
+            "url": "${PROMETHEUS_URL}",
+            "isDefault": False,
+            "editable": False,
+            "jsonData": {"httpMethod": "POST", "timeInterval": "15s"},
         }],
     }
 

@@ -5,7 +5,8 @@ InfluxDB when ``--store``/``RANKSCOPE_STORE`` is a URL: simulates the incident
 (12,960 ranks, the mlp of one node 5.7x slower from iteration 30, a misleading
 "server port down" event), runs one analyzer cycle over it, prints what L1 saw,
 what L2 localised, the verdict and why the port-down event is not the cause,
-and writes the incident report.
+what the culprit GPUs' own telemetry says (the ``gpu_health`` the simulator writes; also DCGM in the
+Prometheus of ``RANKSCOPE_PROMETHEUS_URL`` where set), and writes the incident report.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 from analyzer.service.analyzer_service import AnalyzerService
+from analyzer.service.hardware_config import hardware_settings
+from analyzer.service.hardware_evidence import hardware_evidence
 from rankscope.config import store_settings
 from rankscope.store import open_store
 from rankscope.topology import format_ranks
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     simulate(scenario, store, progress=True)
     t1 = time.perf_counter()
-    svc = AnalyzerService(store, progress=True, jobs=[scenario.job])
+    evidence = hardware_evidence(store, hardware_settings({}, os.environ), os.environ)
+    svc = AnalyzerService(store, progress=True, jobs=[scenario.job], evidence=[evidence])
     svc.cycle(final=True)
     t2 = time.perf_counter()
     incidents = svc.incidents(scenario.job)
@@ -98,6 +102,9 @@ def summary(ja, incidents) -> str:
                      f"{(g.get('type') or '?').upper()} group {g.get('ranks', '')} [{inc.status}].")
         if inc.cost:
             lines.append(inc.cost)
+        if inc.hardware.get("verdict"):
+            lines.append(f"Hardware ({inc.hardware['verdict']}): {inc.hardware.get('summary', '')}")
+        lines.append(f"Title: {inc.title}")
         lines.append(f"Action: {inc.action}")
         lines += [e.sentence for e in inc.events]
     return "\n".join(lines)

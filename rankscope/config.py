@@ -42,7 +42,7 @@ RAW_POLICY = "raw"
 #: retention policy ``long``).
 LONG_POLICY = "long"
 #: Measurements kept only for the raw retention; every other one is kept long.
-RAW_MEASUREMENTS = frozenset({schema.STAGE_LATENCY, schema.KERNEL_STATS})
+RAW_MEASUREMENTS = frozenset({schema.STAGE_LATENCY, schema.KERNEL_STATS, schema.GPU_HEALTH})
 DEFAULT_RAW_RETENTION = "7d"
 DEFAULT_LONG_RETENTION = "400d"
 #: Shortest retention InfluxDB 1.x accepts.

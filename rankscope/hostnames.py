@@ -48,3 +48,44 @@ def same_host(a: str, b: str) -> bool:
 def matching_hosts(name: str, hosts: Iterable[str]) -> list[str]:
     """The names of ``hosts`` that are the same machine as ``name``, in their order."""
     return [h for h in hosts if same_host(name, h)]
+
+
+class HostIndex:
+    """The job's host names, and the names monitoring may know each by: the full name, its short
+    name (first label), and a ``host_map`` entry (job name -> monitoring's name), in that order.
+
+    Example::
+
+        >>> idx = HostIndex(["gpu-node-01.dc1.example.com", "n2"], {"n2": "rack3-n2"})
+        >>> idx.aliases("gpu-node-01.dc1.example.com"), idx.job_host("GPU-NODE-01"), idx.job_host("rack3-n2")
+        (['gpu-node-01.dc1.example.com', 'gpu-node-01'], 'gpu-node-01.dc1.example.com', 'n2')
+    """
+
+    def __init__(self, hosts: Iterable[str], host_map: dict[str, str] | None = None):
+        self.hosts = list(dict.fromkeys(hosts))
+        self.host_map = dict(host_map or {})
+        self._names: dict[str, str] = {}
+        for rank in range(3):   # full names first, then short ones, then the map: the first claim wins
+            for h in self.hosts:
+                for name in self._claims(h, rank):
+                    self._names.setdefault(_canonical(name), h)
+
+    def _claims(self, host: str, rank: int) -> list[str]:
+        if rank == 0:
+            return [host]
+        if rank == 1:
+            return [host.split(".", 1)[0]] if "." in host and not _is_address(host) else []
+        return [self.host_map[host]] if host in self.host_map else []
+
+    def aliases(self, host: str) -> list[str]:
+        """The names to ask monitoring for ``host`` by (its own first)."""
+        out = [n for r in range(3) for n in self._claims(host, r)]
+        return list(dict.fromkeys(out))
+
+    def job_host(self, name: str) -> str | None:
+        """The job's host monitoring's ``name`` stands for (None: none of them)."""
+        c = _canonical(name)
+        hit = self._names.get(c)
+        if hit is None and "." in c and not _is_address(c):
+            hit = self._names.get(c.split(".", 1)[0])
+        return hit

@@ -130,6 +130,12 @@ class Incident:
         return "?"
 
     @property
+    def hardware_verdict(self) -> str:
+        """The GPU telemetry's verdict in a table cell: ``hardware_fault: GPU thermal throttling``."""
+        hw = self.hardware
+        return f"{hw['verdict']}: {hw['phrase']}" if hw.get("phrase") else str(hw.get("verdict", ""))
+
+    @property
     def title(self) -> str:
         stage = f" in {self.stage}" if self.stage else ""
         ratio = f" ({self.ratio:.1f}x)" if self.ratio and self.cls != IncidentClass.SILENT_RANK else ""
@@ -138,7 +144,9 @@ class Incident:
             ratio = f" (last by {self.evidence['lead_ms']:.1f} ms{stretch})"
         again = f"intermittent ({self.episodes} episodes) " if self.intermittent else ""
         host = "host-side " if self.host_side else ""
-        return f"{again}{host}{self.cls.label}: {rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
+        gpu = f"{self.hardware['phrase']}, " if self.hardware.get("verdict") == "hardware_fault" \
+            and self.hardware.get("phrase") else ""
+        return f"{again}{host}{self.cls.label}: {gpu}{rank_phrase(self.ranks)} on {self.where}{stage}{ratio}"
 
     @property
     def waiting_ranks(self) -> list[int]:
@@ -176,6 +184,8 @@ class Incident:
             lines.append(f"  {self.cost}")
         lines.append(f"  Action: {self.action}")
         lines += [f"  Record: {self.host_record}"] if self.host_record else []
+        lines += [f"  Hardware ({self.hardware['verdict']}): {self.hardware.get('summary', '')}"] \
+            if self.hardware.get("verdict") else []
         lines += [f"  {e.sentence}" for e in self.events]
         return lines
 
@@ -204,6 +214,8 @@ class Incident:
             parts.append(self.cost)
         if self.host_record:
             parts.append(self.host_record)
+        if self.hardware.get("summary"):
+            parts.append(f"Hardware ({self.hardware.get('verdict')}): {self.hardware['summary']}")
         for e in self.events:
             parts.append(f"Event '{e.name}' on {e.where}: {e.verdict} ({e.reason}).")
         if self.status == Status.RESOLVED:
@@ -247,6 +259,7 @@ class Incident:
             "evidence": json.dumps(_plain(self.evidence)), "updated_ms": int(self.updated_ms),
             "episodes": int(self.episodes), "first_onset": int(self.first_onset),
             "last_onset": int(self.last_onset), "host_record": self.host_record or "",
+            "hardware_verdict": self.hardware_verdict,
             **{k: float(getattr(self.impact, k)) for k in Impact.FIELDS},
             **{k: json.dumps(_plain(getattr(self, k))) for k in self.RECORDS},
             **{k: float(getattr(self, k)) for k in self.DURATIONS},

@@ -153,6 +153,8 @@ KERNEL_NAME = "kernel_name"
 L3_KERNEL = "l3_kernel"
 #: A job's life as the analyzer saw it: restarts (iterations going back), jumps, its end.
 JOB_LIFECYCLE = "job_lifecycle"
+#: Each GPU's own telemetry beside its rank (collector/gpu_sampler.py, the simulator; rankscope/gpu_health.py).
+GPU_HEALTH = "gpu_health"
 
 #: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
 #: and host). ``host`` (the machine's host name) and ``gpu`` (the local device index) are
@@ -319,10 +321,11 @@ MEASUREMENTS: dict[str, Measurement] = {
          "first_onset": "int", "last_onset": "int", "iteration_s_before": "float",
          "iteration_s_now": "float", "slowdown": "float", "gpu_hours_lost": "float",
          "iteration_s_if_restored": "float", "host_record": "str", "gpus": "str", "hardware": "str",
-         "timeline": "str", "recovery": "str", "time_to_detect_s": "float", "time_to_recover_s": "float"},
+         "hardware_verdict": "str", "timeline": "str", "recovery": "str", "time_to_detect_s": "float", "time_to_recover_s": "float"},
         "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved); "
         "impact fields: what the incident costs the job (see rankscope.incident.Impact); gpus, hardware, "
-        "timeline, recovery: JSON records (see rankscope.incident.Incident)",
+        "timeline, recovery: JSON records (see rankscope.incident.Incident); hardware_verdict: the GPU "
+        "telemetry's verdict and phrase in words (hardware_fault: GPU thermal throttling; empty: not checked)",
     ),
     ROLLUP_HOST: Measurement(
         ROLLUP_HOST, _HOST_TAGS,
@@ -368,6 +371,15 @@ MEASUREMENTS: dict[str, Measurement] = {
          "slowdown": "float", "gpu_hours_lost": "float"},
         "one point per incident and culprit host (what alert rules label alerts with); time = onset, "
         "rewritten in place as the incident evolves",
+    ),
+    GPU_HEALTH: Measurement(
+        GPU_HEALTH, RANK_TAGS,
+        {"clock_event_reasons": "int", "sm_clock_mhz": "float", "temperature_c": "float", "power_w": "float",
+         "xid": "int", "ecc_dbe_volatile": "int", "uncorrectable_remapped_rows": "int", "row_remap_failure": "int",
+         "pcie_replays": "int", GPU_UUID_FIELD: "str"},
+        "one point per GPU and sample (at most one a second): the clock-event reasons bitmask (DCGM field "
+        "112), SM clock, temperature, power, the XID seen since the last sample (0: none) and the error "
+        "counters (cumulative); time = the sample's",
     ),
     JOB_LIFECYCLE: Measurement(
         JOB_LIFECYCLE, ("job", "event"),

@@ -38,14 +38,15 @@ class Fault:
     every: int | None = None
     repeats: int = 1
     host_side: bool = False   # transient_stall only: the host stopped launching (JIT, GC); kernels normal
+    telemetry: str = ""       # what its GPUs' own telemetry shows (simulator/gpu_telemetry.py); "": none written
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Fault):
             return NotImplemented
         return (self.kind, self.stage, self.factor, self.start, self.end, self.every, self.repeats,
-                self.host_side) == \
+                self.host_side, self.telemetry) == \
             (other.kind, other.stage, other.factor, other.start, other.end, other.every, other.repeats,
-             other.host_side) \
+             other.host_side, other.telemetry) \
             and np.array_equal(self.ranks, other.ranks)
 
     __hash__ = None  # type: ignore[assignment]
@@ -70,7 +71,8 @@ class Fault:
                 "start": int(self.start), "end": None if self.end is None else int(self.end),
                 "every": self.every, "repeats": int(self.repeats),
                 "episodes": [[int(a), None if b is None else int(b)] for a, b in self.episodes],
-                **({"host_side": True} if self.host_side else {})}
+                **({"host_side": True} if self.host_side else {}),
+                **({"telemetry": self.telemetry} if self.telemetry else {})}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import numpy as np
 from rankscope.schema import StageSet
 from rankscope.topology import Topology, TopologyError, parse_ranks
 from simulator.faults import FAULT_KINDS, TRANSIENT_DEFAULT_LENGTH, EventSpec, Fault
+from simulator.gpu_telemetry import TELEMETRY, valid_telemetry
 from simulator.kernel_windows import KernelFault
 from simulator.model_params import ModelParams
 
@@ -21,7 +22,8 @@ DEFAULT_HOST_PATTERN = "gpu-node-{node:05d}"
 _TOP_KEYS = {"description", "topology", "run", "model", "fault", "event", "kernel_fault"}
 _RUN_KEYS = {"job", "iterations", "seed", "kernel_every"}
 _KERNEL_FAULT_KEYS = {"ranks", "node", "pp", "stage", "factor", "start", "end"}
-_FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats", "host_side"}
+_FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats", "host_side",
+               "telemetry"}
 _EVENT_KEYS = {"name", "at", "node", "rank", "severity", "source", "text"}
 
 
@@ -203,8 +205,12 @@ class ScenarioParser:
         if not isinstance(host_side, bool) or (host_side and kind != "transient_stall"):
             raise self.fail((*p, "host_side"), "true or false, and true only for a transient_stall (the host "
                                                "stopped launching kernels: JIT, GC, a data loader)")
+        telemetry = d.get("telemetry", "")
+        if not isinstance(telemetry, str) or (telemetry and not valid_telemetry(telemetry)):
+            raise self.fail((*p, "telemetry"), f"one of {', '.join(TELEMETRY)} or xid_<code> (e.g. xid_48): what "
+                                               f"the faulty GPUs' own telemetry shows, got {telemetry!r}")
         return Fault(kind=kind, ranks=ranks, stage=stage, factor=float(factor), start=start, end=end,
-                     every=every, repeats=int(repeats), host_side=host_side)
+                     every=every, repeats=int(repeats), host_side=host_side, telemetry=telemetry)
 
     def selector(self, d: dict[str, Any], p: tuple[Any, ...], topo: Topology, kind: str) -> np.ndarray:
         given = [k for k in ("ranks", "node", "pp") if k in d]

@@ -23,6 +23,7 @@ from rankscope.store import Store
 from rankscope.topology import Topology
 from simulator.cluster import ClusterSimulator
 from simulator.faults import EventSpec
+from simulator.gpu_telemetry import health_frame, health_ranks
 from simulator.kernel_windows import WINDOW, kernel_frame
 from simulator.scenario import Scenario
 from simulator.truth import Truth, truth_file_name
@@ -119,6 +120,12 @@ class _Writer:
             return 0  # not stage_latency points
         self.pending.append(self.pool.submit(write))
 
+    def post_health(self, frame: pd.DataFrame) -> None:
+        def write() -> int:
+            self.store.write_measurement(schema.GPU_HEALTH, frame)
+            return 0  # not stage_latency points
+        self.pending.append(self.pool.submit(write))
+
     def post_events(self, frame: pd.DataFrame) -> None:
         def write() -> int:
             self.store.write_measurement(schema.EVENT, frame)
@@ -138,6 +145,7 @@ def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0:
     for ev in scenario.events:
         events_at.setdefault(ev.at, []).append(ev)
     recent: deque[np.ndarray] = deque(maxlen=WINDOW)   # the last iterations' values, for kernel windows
+    gpus, counters = health_ranks(scenario.topology, scenario.faults), {}   # gpu_health of the faulty GPUs
     for _ in range(scenario.iterations):
         res = sim.step()
         stamp = res.time_ms
@@ -154,6 +162,9 @@ def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0:
             tags = frame[[c for c in schema.RANK_TAGS if c in frame.columns]]
             writer.post_kernels(*kernel_frame(tags, np.stack(recent), res.iteration, stamp, sim.stages,
                                               scenario.kernel_faults, [f for f in scenario.faults if f.host_side]))
+        if len(gpus):
+            writer.post_health(health_frame(scenario.job, scenario.topology, scenario.faults, gpus, res.iteration, stamp,
+                                            float(np.median(res.iteration_ms)), scenario.seed, counters))
         if res.iteration in events_at:
             writer.post_events(events_frame(scenario.job, events_at[res.iteration], stamp, scenario.topology))
         truth.times_ms.append(stamp)

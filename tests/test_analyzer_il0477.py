@@ -122,3 +122,19 @@ def test_the_incident_names_its_kernels_from_the_kernel_windows(il0477):
     found = store.read(schema.L3_KERNEL, job)
     confirmed = found[found["confirmed"] == 1]
     assert set(confirmed["rank"]) == set(range(10352, 10360)) and set(confirmed["host"]) == {"gpu-node-01294"}
+
+
+def test_the_incident_carries_its_gpus_thermal_evidence(il0477):
+    """The demo's path: the simulator's gpu_health for node 1294 (thermal), read back by the analyzer's
+    hardware evidence, compared with the job's other GPUs; the verdict sharpens the stored title."""
+    store, job = il0477
+    (inc,) = [i.to_json() for i in load_incidents(store, job)]
+    hw = inc["hardware"]
+    assert hw["verdict"] == "hardware_fault" and hw["source"] == "gpu_health" and hw["final"]
+    assert hw["phrase"] == "GPU thermal throttling" and hw["peer_gpus"] >= 80
+    assert [(g["host"], g["gpu"]) for g in inc["gpus"]] == [("gpu-node-01294", k) for k in range(8)]
+    assert [g["ranks"] for g in hw["gpus"]] == [[r] for r in range(10352, 10360)]
+    found = {s["signal"] for g in hw["gpus"] for s in g["signals"]}
+    assert {"hw_thermal_slowdown", "temperature_c", "sm_clock_mhz"} <= found and "sw_power_cap" not in found
+    assert inc["title"].startswith("compute straggler: GPU thermal throttling, ranks 10352-10359 on gpu-node-01294")
+    assert hw["summary"].startswith("gpu_health: gpu-node-01294 GPUs 0-7: hw_thermal_slowdown in ")

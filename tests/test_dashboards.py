@@ -73,7 +73,20 @@ def test_every_datasource_reference_is_provisioned(name):
     assert refs
     for where, ref in refs:
         assert isinstance(ref, dict) and ref.get("uid") in DATASOURCE_UIDS, f"{name} {where}: {ref!r}"
-        assert ref.get("type") == "influxdb"
+        assert ref.get("type") == ("prometheus" if ref["uid"] == "rankscope-prometheus" else "influxdb")
+
+
+def _is_promql(t: dict) -> bool:
+    return (t.get("datasource") or {}).get("type") == "prometheus"
+
+
+def test_only_the_drill_down_asks_prometheus_for_the_culprit_hosts_gpus():
+    prom = {name: [(p["title"], t["expr"]) for p in m["panels"] for t in p.get("targets", []) if _is_promql(t)]
+            for name, m in MODELS.items()}
+    assert {n for n, ts in prom.items() if ts} == {"incident"}
+    assert len(prom["incident"]) == 3
+    for title, expr in prom["incident"]:
+        assert "$culprit_host" in title and 'Hostname=~"(?i)$culprit_host' in expr and "DCGM_FI_DEV_" in expr
 
 
 def test_alert_rules_use_the_provisioned_datasource_or_expressions():
@@ -85,7 +98,7 @@ def test_alert_rules_use_the_provisioned_datasource_or_expressions():
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_queries_are_raw_influxql_with_grafana_macros(name):
     for p in MODELS[name]["panels"]:
-        for t in p.get("targets", []):
+        for t in (t for t in p.get("targets", []) if not _is_promql(t)):
             q = t["query"]
             assert t["rawQuery"] is True and q.startswith("SELECT "), (p["title"], q)
             # the dashboard's range: $timeFilter, or a window tier's filter that takes the window the
@@ -158,8 +171,10 @@ def test_dp_range_variable_names_ranges_and_selects_ep_groups():
 
 
 def test_datasource_provisioning_influxql_with_max_series_and_env_secrets():
-    (ds,) = _provisioned("datasources/rankscope.yaml")["datasources"]
-    assert ds["type"] == "influxdb" and ds["uid"] == "rankscope-influxdb"
+    ds, prom = _provisioned("datasources/rankscope.yaml")["datasources"]
+    assert ds["type"] == "influxdb" and ds["uid"] == "rankscope-influxdb" and ds["isDefault"]
+    assert (prom["type"], prom["uid"], prom["url"], prom["isDefault"]) == \
+        ("prometheus", "rankscope-prometheus", "${PROMETHEUS_URL}", False)
     assert ds["jsonData"]["version"] == "InfluxQL" and ds["jsonData"]["dbName"]
     assert ds["jsonData"]["maxSeries"] >= 5000 > 1000
     assert ds["secureJsonData"]["httpHeaderValue1"] == "Token ${INFLUXDB_V2_TOKEN}"
@@ -247,7 +262,7 @@ def _all_queries() -> list[tuple[str, str]]:
     out = []
     for name, model in MODELS.items():
         for p in model["panels"]:
-            out += [(f"{name} panel {p['title']}", t["query"]) for t in p.get("targets", [])]
+            out += [(f"{name} panel {p['title']}", t["query"]) for t in p.get("targets", []) if not _is_promql(t)]
         out += [(f"{name} variable {v['name']}", v["query"]) for v in model["templating"]["list"]
                 if v["type"] == "query"]
         out += [(f"{name} annotation {a['name']}", a["query"]) for a in model["annotations"]["list"]]

@@ -48,6 +48,7 @@ import pandas as pd
 
 from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.iteration_assembler import AssemblyCounts, IterationAssembler
+from analyzer.read.rank_devices import RankDevices
 from analyzer.read.read_size import MAX_READ_ROWS, iterations_per_read
 from analyzer.read.row_layout import chunk_topology, described_placement, stages_of, topology_of
 from analyzer.read.stream_feed import StreamFeed
@@ -94,6 +95,7 @@ class IterationReader:
         self.assembler = IterationAssembler(wait_ms)   # whole iterations out of the points
         self.attempts = Attempts(job)                  # restarts: the rows' iterations as steps
         self.lifecycle = pd.DataFrame()                # the job's job_lifecycle points, read at start
+        self.devices = RankDevices()                   # each rank's GPU (index, UUID), as its rows say
         self.cursor: int | None = None if since_ms is None else since_ms - 1
         self.read_until: int | None = None   # time (ms) of the newest point read
         self.replay: Replay | None = None
@@ -244,6 +246,7 @@ class IterationReader:
                 self._cut = False
         self.cursor = self.read_until = max(newest)
         self.assembler.last_iteration = max(self.assembler.last_iteration, self._analyzed)
+        self.devices.update(frame)
         self.assembler.add(frame)
 
     def before_replay(self, since_ms: int, world: int | None = None) -> Iterator[pd.DataFrame]:

@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING
 from analyzer.config import load_config
 from analyzer.service.analyzer_service import AnalyzerService
 from analyzer.service.config_watch import ConfigWatcher
+from analyzer.service.hardware_config import AUTH_PREFIX, URL_ENV, hardware_settings
+from analyzer.service.hardware_evidence import hardware_evidence
 from analyzer.service.schedule import build_scheduler, safe_cycle
 from analyzer.service.shards import SHARD_ENV, Shard, ShardSpecError, shard_of
 from analyzer.service.stream_cli import add_stream_options, start_stream
 from rankscope.cli import add_store_options, require_jobs
+from rankscope.config_file import config_table
 from rankscope.store import open_store
 
 if TYPE_CHECKING:
@@ -77,6 +80,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat", metavar="FILE", default=os.environ.get("RANKSCOPE_HEARTBEAT"),
                    help="with --every: touch FILE at start and after every cycle, for a liveness "
                         "probe that checks its age (env RANKSCOPE_HEARTBEAT)")
+    p.add_argument("--prometheus", metavar="URL", default=None,
+                   help=f"a Prometheus holding NVIDIA dcgm-exporter's metrics (env {URL_ENV}, or [hardware] "
+                        f"prometheus_url): each incident's culprit GPUs are checked against their own past and "
+                        f"the job's other GPUs (clock-event reasons, clocks, temperature, power, XIDs, PCIe, "
+                        f"NVLink); credentials from {AUTH_PREFIX}_TOKEN or {AUTH_PREFIX}_USERNAME/_PASSWORD")
+    p.add_argument("--nvidia-smi-database", metavar="DB", default=None,
+                   help="also read Telegraf's nvidia_smi points from this database of the store's InfluxDB "
+                        "([hardware] nvidia_smi_database)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_stream_options(p)
     p.set_defaults(func=run)
@@ -139,6 +150,17 @@ def _heartbeat(scheduler: BaseScheduler, path: str) -> None:
     scheduler.add_listener(touch, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
 
 
+def _evidence(args: argparse.Namespace, store):
+    """The hardware evidence of ``[hardware]``, ``--prometheus`` and the environment (read at start)."""
+    table = dict(config_table(args.config, "hardware"))
+    if getattr(args, "nvidia_smi_database", None):
+        table["nvidia_smi_database"] = args.nvidia_smi_database
+    settings = hardware_settings(table, os.environ, getattr(args, "prometheus", None))
+    evidence = hardware_evidence(store, settings, os.environ)
+    log.info("hardware evidence from %s", ", ".join(repr(s) for s in evidence.sources) or "no source")
+    return evidence
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         shard = resolve_shard(args)
@@ -152,9 +174,11 @@ def run(args: argparse.Namespace) -> int:
     watcher = ConfigWatcher(args.config) if args.config and not args.once else None
     cfg, stages = (watcher.config, watcher.stages) if watcher else load_config(args.config)
     store = open_store(args.store, args.bucket, create=False)
+    evidence = _evidence(args, store)
     stream = start_stream(args, store) if not args.once else None
     svc = AnalyzerService(store, cfg, stages, jobs=args.job, progress=not args.quiet and not args.json,
-                          shard=shard, stream=stream and stream.feed, subscription=stream and stream.subscription)
+                          shard=shard, evidence=[evidence], stream=stream and stream.feed,
+                          subscription=stream and stream.subscription)
     if args.once:
         try:
             return _once(svc, store, args)

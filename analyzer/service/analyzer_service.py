@@ -23,10 +23,9 @@ reads again; a cycle that failed before it analyzed all it read leaves its outpu
 next, which adds its own (its L2 and health points are those of the state it ends in).
 
 After a restart the state is rebuilt from the database: the job's incidents are read back (an
-open one keeps its id; the diagnosis joins the re-detected culprits to it rather than opening a
-second one), the last ``history`` iterations it analyzed are replayed to warm up, and the
-``rollup_host_5m`` windows its predecessor stored are read once, from the hour of the first
-window to write (:meth:`~analyzer.write.outputs.JobRollups.resume`).
+open one keeps its id: re-detected culprits join it), the last ``history`` iterations analyzed
+are replayed to warm up, and the ``rollup_host_5m`` windows stored are read once, from the hour
+of the first window to write (:meth:`~analyzer.write.outputs.JobRollups.resume`).
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from analyzer.job_analyzer import JobAnalyzer
 from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.host_history import annotate_repeat_offenders
 from analyzer.read.iteration_reader import IT, LATE_MARGIN_MS, IterationReader
+from analyzer.read.rank_devices import name_gpus
 from analyzer.read.read_size import MAX_READ_ROWS
 from analyzer.read.stream_feed import StreamFeed
 from analyzer.read.subscription import Subscription
@@ -228,6 +228,7 @@ class AnalyzerService:
             rollups.flush(self.store, ja.last_time_ms, int(self.clock() * 1000), final, force=True)
         if out.complete:
             annotate_repeat_offenders(self.store, out.incidents.values())   # new ones: their hosts' record
+            name_gpus(out.incidents.values(), ja.topo, getattr(self.readers.get(job), "devices", None))
             for source in self.evidence:   # what other sources say of the incidents, before they are written
                 source.attach(job, list(out.incidents.values()), ja)
             out.write(self.store)

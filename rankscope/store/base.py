@@ -176,12 +176,28 @@ class Store(ABC):
         job: str | None = None,
         start_ms: int | None = None,
         end_ms: int | None = None,
-        where: dict[str, str | int] | None = None,
+        where: dict[str, str | int | list] | None = None,
     ) -> pd.DataFrame:
         """Points of ``measurement`` (optionally one job, tag equalities, and an inclusive
         time range), sorted by time, as a frame with a ``time`` column in epoch ms.
 
-        In ``where``, a value of None selects points that lack the tag."""
+        In ``where``, a value of None selects points that lack the tag, a list points with any
+        of its values."""
+
+    def read_sampled(self, measurement: str, job: str | None, start_ms: int, end_ms: int, every_ms: int,
+                     where: dict[str, str | int | list] | None = None) -> pd.DataFrame:
+        """As :meth:`read`, at most one point per series (tag set) and ``every_ms`` window of time:
+        the window's last, stamped with the window's start (``GROUP BY time(every), *`` with
+        ``last(*)``), so a read of 1 Hz samples over an hour stays small. This default reads
+        everything and thins it; the InfluxDB backend asks the server for the thinned points."""
+        df = self.read(measurement, job, start_ms, end_ms, where)
+        if not len(df) or every_ms <= 1:
+            return df
+        tags = [t for t in schema.MEASUREMENTS[measurement].tags if t in df.columns] \
+            if measurement in schema.MEASUREMENTS else []
+        window = df["time"].to_numpy() // int(every_ms) * int(every_ms)
+        out = df.assign(time=window).drop_duplicates([*tags, "time"], keep="last")
+        return out.reset_index(drop=True)
 
     @abstractmethod
     def latest_times(self, measurement: str, job: str, n: int, before_ms: int | None = None) -> list[int]:

@@ -147,6 +147,12 @@ class EmbeddedStore(Store):
                     continue
                 if k not in cols:
                     return pd.DataFrame()
+                if isinstance(v, (list, tuple)):   # any of these values
+                    if not v:
+                        raise ValueError(f"where {k!r}: an empty list of values selects nothing")
+                    conds.append(f"{_ident(k)} IN ({','.join('?' * len(v))})")
+                    args += [str(x) for x in v]
+                    continue
                 conds.append(f"{_ident(k)} = ?")
                 args.append(str(v))
             if start_ms is not None:

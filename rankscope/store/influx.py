@@ -257,6 +257,18 @@ class InfluxStore(RetentionLayout, Store):
             raise
         return normalise_frame(df)
 
+    def read_sampled(self, measurement, job, start_ms, end_ms, every_ms, where=None) -> pd.DataFrame:
+        q = (f"SELECT last(*) FROM {self.source(measurement)}{where_clause(job, start_ms, end_ms, where)} "
+             f"GROUP BY time({max(1, int(every_ms))}ms), * fill(none)")
+        try:
+            df = self.query_raw(q)
+        except StoreError as exc:
+            if "database not found" in str(exc):
+                return pd.DataFrame()
+            raise
+        df = df.rename(columns={c: c[len("last_"):] for c in df.columns if c.startswith("last_")})
+        return normalise_frame(df)
+
     def _probe(self, measurement: str, job: str, before_ms: int | None = None) -> dict[str, str] | None:
         """The tag filter of one series to read timestamps from: the rank of the job's latest
         point (at or before ``before_ms``: a rank that joined later has none of the times asked

@@ -41,11 +41,17 @@ def source(measurement: str, retention_policy: str | None = None) -> str:
 def where_clause(job: str | None, start_ms: int | None, end_ms: int | None,
                  where: dict[str, str | int] | None) -> str:
     """`` WHERE "job" = '...' AND "<tag>" = '...' AND time >= ...ms AND time <= ...ms`` (only the
-    conditions given; ``""`` when none is)."""
+    conditions given; ``""`` when none is); a list of values is any of them (``("host" = 'a' OR
+    "host" = 'b')``)."""
     conds = []
     if job is not None:
         conds.append(f"{quote_ident('job')} = {quote_string(job)}")
     for k, v in (where or {}).items():
+        if isinstance(v, (list, tuple)):   # any of these values
+            if not v:
+                raise ValueError(f"where {k!r}: an empty list of values selects nothing")
+            conds.append("(" + " OR ".join(f"{quote_ident(k)} = {quote_string(str(x))}" for x in v) + ")")
+            continue
         conds.append(f"{quote_ident(k)} = {quote_string('' if v is None else str(v))}")
     if start_ms is not None:
         conds.append(f"time >= {int(start_ms)}ms")

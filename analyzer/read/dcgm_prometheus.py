@@ -1,0 +1,168 @@
+"""NVIDIA dcgm-exporter's metrics from a Prometheus, over its HTTP API: one ``query_range`` for
+the hosts asked about, every metric of :data:`METRICS` at once::
+
+    GET <url>/api/v1/query_range?query={__name__=~"DCGM_FI_DEV_SM_CLOCK|...",Hostname=~"(?i)(a|b)(\\..+)?(:[0-9]+)?"}
+        &start=<s>&end=<s>&step=<s>
+
+Hosts are asked for by every name monitoring may know them by (full, short, ``host_map``:
+:class:`rankscope.hostnames.HostIndex`), a short name also as the first label of a longer one,
+in the label ``host_label`` (``Hostname`` by default; ``instance`` as ``host:port``; ``node`` where
+relabelling puts the Kubernetes node there); ``selector`` adds matchers (``cluster="a"``). The
+step keeps every series to at most ``max_points`` samples. Field 112 is read under both its
+names (``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``, older exporters; ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``,
+newer) and from ``DCGM_EXP_CLOCK_EVENTS_COUNT`` (one series per ``clock_event``, a count per window:
+its reason's bit where the count is above 0). Duplicate series of one GPU and metric (two scrape
+jobs, an HA pair) count once: the one with the most samples.
+
+The answer is read within ``timeout_s`` and ``max_bytes`` (:func:`rankscope.bounded_http.bounded_get`),
+its JSON checked; anything else is :class:`SourceUnavailable` naming the server and what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from analyzer.read.gpu_samples import SourceUnavailable, clean, empty
+from rankscope import gpu_health as gh
+from rankscope.bounded_http import HttpAuth, HttpFailure, bounded_get
+from rankscope.hostnames import HostIndex
+
+#: dcgm-exporter's metric names -> the signal each is read into.
+METRICS: dict[str, str] = {
+    "DCGM_FI_DEV_SM_CLOCK": gh.SM_CLOCK, "DCGM_FI_DEV_GPU_TEMP": gh.TEMPERATURE,
+    "DCGM_FI_DEV_POWER_USAGE": gh.POWER, "DCGM_FI_DEV_GPU_UTIL": gh.UTILIZATION,
+    "DCGM_FI_DEV_XID_ERRORS": gh.XID, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": gh.PCIE_REPLAYS,
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": gh.ROW_REMAP_FAILURE,
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": gh.REMAPPED_ROWS,
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": gh.NVLINK_BANDWIDTH,
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": gh.REASONS, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": gh.REASONS,
+    "DCGM_EXP_CLOCK_EVENTS_COUNT": gh.REASONS,
+}
+CLOCK_EVENTS_COUNT = "DCGM_EXP_CLOCK_EVENTS_COUNT"
+#: Host names as DNS writes them: anything else is not put into a query.
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_MAX_LABELS = 64
+_MAX_TEXT = 1024
+
+
+class DcgmPrometheus:
+    """dcgm-exporter's series of some hosts, from the Prometheus at ``url``."""
+
+    name = "prometheus"
+
+    def __init__(self, url: str, *, auth: HttpAuth | None = None, timeout_s: float = 5.0,
+                 max_bytes: int = 16 << 20, host_label: str = "Hostname", selector: str = "",
+                 host_map: dict[str, str] | None = None, max_points: int = 240):
+        if not re.match(r"https?://[^/]", url):
+            raise ValueError(f"prometheus_url {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
+        if not _LABEL.fullmatch(host_label):
+            raise ValueError(f"host_label {host_label!r} is not a Prometheus label name")
+        self.url = url.rstrip("/")
+        self.auth, self.timeout_s, self.max_bytes = auth, float(timeout_s), int(max_bytes)
+        self.host_label, self.selector = host_label, selector.strip().strip("{}").strip()
+        self.host_map, self.max_points = dict(host_map or {}), int(max_points)
+        self.note = ""
+
+    def __repr__(self) -> str:
+        return f"DcgmPrometheus({self.url!r}, host_label={self.host_label!r})"
+
+    def names(self, hosts: list[str]) -> list[str]:
+        """Every name ``hosts`` are asked for by (names no query can carry are left out)."""
+        idx = HostIndex(hosts, self.host_map)
+        return sorted({a for h in hosts for a in idx.aliases(h) if _HOST_NAME.fullmatch(a)})
+
+    def query(self, hosts: list[str]) -> str:
+        """The PromQL selector of every metric for ``hosts``."""
+        names = self.names(hosts)
+        alternatives = "|".join(re.escape(a).replace("\\", "\\\\") for a in names)
+        metric = "|".join(METRICS)
+        extra = f",{self.selector}" if self.selector else ""
+        return (f'{{__name__=~"{metric}",{self.host_label}=~"(?i)({alternatives})(\\\\..+)?(:[0-9]+)?"{extra}}}')
+
+    def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
+        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (:mod:`analyzer.read.gpu_samples`)."""
+        self.note = f"no host name a query can carry among {', '.join(hosts[:3])}"
+        if not self.names(hosts) or end_ms <= start_ms:
+            return empty()
+        step = max(15, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
+        q = self.query(hosts)
+        self.note = f"{self.host_label} matching {', '.join(hosts[:3])}{' ...' if len(hosts) > 3 else ''}"
+        try:
+            body = bounded_get(f"{self.url}/api/v1/query_range",
+                               {"query": q, "start": f"{start_ms / 1000:.3f}", "end": f"{end_ms / 1000:.3f}",
+                                "step": f"{step}s"},
+                               timeout_s=self.timeout_s, max_bytes=self.max_bytes, auth=self.auth)
+        except HttpFailure as exc:
+            raise SourceUnavailable(f"Prometheus {exc}") from None
+        return self.parse(body, HostIndex(hosts, self.host_map))
+
+    def parse(self, body: bytes, idx: HostIndex) -> pd.DataFrame:
+        """The samples of an answer to :meth:`query`, for the job's hosts of ``idx``."""
+        result = _matrix(body, self.url)
+        rows: list[pd.DataFrame] = []
+        for i, series in enumerate(result):
+            labels, values = _series(series, f"{self.url}: series {i}")
+            host = idx.job_host(labels.get(self.host_label, "").rsplit(":", 1)[0]
+                                if self.host_label == "instance" else labels.get(self.host_label, ""))
+            name = labels.get("__name__", "")
+            if host is None or name not in METRICS or not len(values):
+                continue
+            t, v = values[:, 0] * 1000.0, values[:, 1]
+            if name == CLOCK_EVENTS_COUNT:
+                bit = gh.CLOCK_EVENT_BITS.get(gh.EXPORTER_CLOCK_EVENTS.get(labels.get("clock_event", ""), ""))
+                if bit is None:
+                    continue
+                v = np.where(v > 0, float(bit), np.where(np.isfinite(v), 0.0, np.nan))
+            rows.append(pd.DataFrame({
+                "host": host, "gpu": labels.get("gpu", "-1"), "uuid": labels.get("UUID", labels.get("uuid", "")),
+                "signal": METRICS[name], "time": t, "value": v,
+                "_series": f"{name}/{labels.get('clock_event', '')}", "_n": len(values), "_i": i}))
+        if not rows:
+            return empty()
+        frame = pd.concat(rows, ignore_index=True)
+        return clean(_one_series_each(frame))
+
+
+def _one_series_each(frame: pd.DataFrame) -> pd.DataFrame:
+    """Of duplicate series of one GPU and metric, the one with the most samples."""
+    keys = frame[["host", "gpu", "_series", "_n", "_i"]].drop_duplicates()
+    best = keys.sort_values(["_n", "_i"], ascending=[False, True]).drop_duplicates(["host", "gpu", "_series"])
+    return frame[frame["_i"].isin(best["_i"].to_numpy())]
+
+
+def _matrix(body: bytes, url: str) -> list:
+    try:
+        answer = json.loads(body)
+    except (ValueError, RecursionError):
+        raise SourceUnavailable(f"Prometheus {url}: the answer is not JSON (not Prometheus' query API?): "
+                                f"{body[:60].decode('utf-8', 'replace')!r}") from None
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        err = str(answer.get("error", "no status success"))[:300] if isinstance(answer, dict) else "not an object"
+        raise SourceUnavailable(f"Prometheus {url} refused the query: {err}")
+    data = answer.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise SourceUnavailable(f"Prometheus {url}: the answer has no data.result matrix")
+    return data["result"]
+
+
+def _series(s: object, where: str) -> tuple[dict[str, str], np.ndarray]:
+    """(labels, [[t, v], ...]) of one series; a malformed one is refused naming it."""
+    metric = s.get("metric") if isinstance(s, dict) else None
+    if not isinstance(metric, dict) or len(metric) > _MAX_LABELS or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 128 and len(v) <= _MAX_TEXT
+            for k, v in metric.items()):
+        raise SourceUnavailable(f"{where}: 'metric' is not a set of at most {_MAX_LABELS} text labels")
+    values = s.get("values")
+    if not isinstance(values, list):
+        raise SourceUnavailable(f"{where}: 'values' is not a list")
+    try:
+        arr = np.array([(float(t), float(v)) for t, v in values], dtype=float).reshape(-1, 2)
+    except (TypeError, ValueError):
+        raise SourceUnavailable(f"{where}: 'values' is not a list of [time, \"value\"] pairs") from None
+    return metric, arr

@@ -1,0 +1,109 @@
+"""The collector's NVML sampler (collector/gpu_sampler.py).
+
+No GPU exists here or in CI: the path without NVML runs for real (the real nvidia-ml-py binding,
+installed by the test extra, finds no NVML library: one log line, nothing started, nothing
+written). The sampling, decoding and writing logic is checked with a stand-in NVML *module
+object* injected in place of ``pynvml``: only the NVML calls themselves are stood in for; the
+points go through the real BackgroundWriter into the real embedded store and are read back and
+decoded as the analyzer reads them. The overhead on a GPU is not measured (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import types
+
+import pytest
+
+from collector.coordinates import RankCoordinates
+from collector.gpu_sampler import GpuSampler, load_nvml
+from collector.writer.background import BackgroundWriter
+from rankscope import gpu_health as gh
+from rankscope import schema
+
+COORDS = RankCoordinates(job="j", rank=3, pp=0, dp=3, tp=0, ep_group=0, node=0, host="gpu-node-7", gpu=3)
+
+
+class NvmlError(Exception):
+    pass
+
+
+def fake_nvml(xids: list[int], supported: bool = True) -> types.SimpleNamespace:
+    """A stand-in for the pynvml module: the calls the sampler makes, with a throttling GPU."""
+    events = list(xids)
+
+    def wait(_set, _timeout):
+        if not events:
+            raise NvmlError("timeout")
+        return types.SimpleNamespace(eventData=events.pop(0))
+
+    def unsupported(*_):
+        raise NvmlError("not supported")
+
+    return types.SimpleNamespace(
+        NVML_CLOCK_SM=1, NVML_TEMPERATURE_GPU=0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1, NVML_VOLATILE_ECC=0,
+        nvmlEventTypeXidCriticalError=8,
+        nvmlDeviceGetHandleByIndex=lambda i: f"handle-{i}", nvmlDeviceGetUUID=lambda h: b"GPU-1234",
+        nvmlEventSetCreate=lambda: "set", nvmlDeviceRegisterEvents=lambda h, t, s: None, nvmlEventSetFree=lambda s: None,
+        nvmlEventSetWait_v2=wait,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x40 | 0x4,
+        nvmlDeviceGetClockInfo=lambda h, c: 1190, nvmlDeviceGetTemperature=lambda h, s: 91,
+        nvmlDeviceGetPowerUsage=lambda h: 455_000,
+        nvmlDeviceGetTotalEccErrors=(lambda h, a, b: 2) if supported else unsupported,
+        nvmlDeviceGetRemappedRows=(lambda h: (1, 4, 0, 1)) if supported else unsupported,
+        nvmlDeviceGetPcieReplayCounter=(lambda h: 17) if supported else unsupported)
+
+
+def test_without_nvml_one_log_line_and_nothing_else(caplog):
+    """The real binding on a machine without NVML: start() says so once and starts nothing."""
+    sink: list[dict] = []
+    with caplog.at_level(logging.INFO, logger="collector.gpu_sampler"):
+        assert load_nvml() is None
+        caplog.clear()
+        s = GpuSampler(COORDS, sink.append)
+        assert s.start() is False
+    lines = [r for r in caplog.records if r.name == "collector.gpu_sampler"]
+    assert len(lines) == 1 and lines[0].getMessage().startswith("no GPU telemetry: NVML cannot start here")
+    assert s._thread is None and sink == []
+
+
+def test_interval_below_one_second_is_refused():
+    with pytest.raises(ValueError, match="one sample a second"):
+        GpuSampler(COORDS, print, interval_s=0.5, nvml=fake_nvml([]))
+
+
+def test_a_sample_decodes_reasons_and_xids():
+    s = GpuSampler(COORDS, print, nvml=fake_nvml([79, 48]), wall_clock_ms=lambda: 1_000)
+    assert s.open()
+    p = s.sample()
+    assert p["time"] == 1_000 and p["host"] == "gpu-node-7" and p["gpu"] == 3 and p["rank"] == 3
+    assert p[gh.UUID_FIELD] == "GPU-1234"
+    assert gh.decode_reasons(p[gh.REASONS]) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert (p[gh.SM_CLOCK], p[gh.TEMPERATURE], p[gh.POWER]) == (1190.0, 91.0, 455.0)
+    assert p[gh.XID] == 48 and s.sample()[gh.XID] == 0   # the last since the previous sample, then none
+    assert (p[gh.ECC_DBE], p[gh.REMAPPED_ROWS], p[gh.ROW_REMAP_FAILURE], p[gh.PCIE_REPLAYS]) == (2, 4, 1, 17)
+
+
+def test_unsupported_calls_leave_their_fields_out():
+    s = GpuSampler(COORDS, print, nvml=fake_nvml([], supported=False))
+    assert s.open()
+    p = s.sample()
+    assert gh.ECC_DBE not in p and gh.PCIE_REPLAYS not in p and gh.REMAPPED_ROWS not in p
+    assert p[gh.SM_CLOCK] == 1190.0
+
+
+def test_off_thread_through_the_background_writer_into_the_store(embedded_store):
+    writer = BackgroundWriter(embedded_store, measurement=schema.GPU_HEALTH, flush_interval_s=0.1)
+    s = GpuSampler(COORDS, writer.put, interval_s=1.0, nvml=fake_nvml([]))
+    assert s.start()
+    deadline = time.monotonic() + 10
+    while s.samples < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    s.close()
+    writer.close()
+    assert s.samples >= 2 and s._thread is not None and not s._thread.is_alive()
+    got = embedded_store.read(schema.GPU_HEALTH, "j")
+    assert len(got) >= 2 and set(got["host"]) == {"gpu-node-7"} and set(got["gpu"]) == {3}
+    assert (got[gh.REASONS] == 0x44).all() and (got[gh.TEMPERATURE] == 91.0).all()
+    gaps = got["time"].diff().dropna()
+    assert (gaps >= 900).all()   # at most one sample a second
