@@ -329,10 +329,10 @@ MEASUREMENTS: dict[str, Measurement] = {
     ),
     ROLLUP_HOST: Measurement(
         ROLLUP_HOST, _HOST_TAGS,
-        {ITERATION_FIELD: "int", "ranks": "int", ITERATION_MS_FIELD: "float", "iteration_ms_max": "float",
-         "<stage>": "float", "<stage>_max": "float"},
-        "per iteration and host (node id, pp stage): each stage's mean (<stage>) and max (<stage>_max) "
-        "over the host's ranks (ms), their iteration time, how many reported; time = the iteration's",
+        {ITERATION_FIELD: "int", "ranks": "int", ITERATION_MS_FIELD: "float", "<stage>": "float"},
+        "per iteration and host (node id, pp stage): each stage's mean (<stage>) over the host's ranks "
+        "(ms), their iteration time, how many reported; time = the iteration's (the maxima go to the "
+        "windows only: no panel reads them per iteration)",
     ),
     ROLLUP_HOST_WINDOW: Measurement(
         ROLLUP_HOST_WINDOW, _HOST_TAGS, _WINDOW_FIELDS,

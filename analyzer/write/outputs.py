@@ -75,6 +75,8 @@ class JobRollups:
         self.windows.add(frames[schema.ROLLUP_HOST])
         if write:
             for name, frame in frames.items():
+                if name == schema.ROLLUP_HOST:   # the maxima make the windows' maxima; no panel reads them raw
+                    frame = frame.drop(columns=[c for c in frame.columns if c.endswith("_max")])
                 self._held.setdefault(name, []).append(frame)
             self._rows += len(frames[schema.ROLLUP_HOST])
 
