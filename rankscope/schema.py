@@ -153,6 +153,9 @@ KERNEL_NAME = "kernel_name"
 L3_KERNEL = "l3_kernel"
 #: A job's life as the analyzer saw it: restarts (iterations going back), jumps, its end.
 JOB_LIFECYCLE = "job_lifecycle"
+#: What the actor (actions/) did on a verdict: every step of every drain and resume; and who may act.
+ACTION = "action"
+ACTION_LEASE = "action_lease"
 
 #: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
 #: and host). ``host`` (the machine's host name) and ``gpu`` (the local device index) are
@@ -366,6 +369,24 @@ MEASUREMENTS: dict[str, Measurement] = {
         "first iteration of the attempt (ended: its last), step = the analyzer's count for it (the "
         "iteration numbers of the analyzer's outputs); time = the attempt's first point (ended: the "
         "job's last); the dashboards' restart annotations",
+    ),
+    ACTION: Measurement(
+        ACTION, ("job", "incident", "node", "action"),
+        {"state": "str", "reason": "str", "host": "str", "class": "str", "scheduler": "str", "mode": "str",
+         "attempt": "int", "retry_ms": "int", "final": "int", "actor": "str", "title": "str", "text": "str",
+         "tags": "str"},
+        "one point per step of an action on a verdict (actions/): action drain|resume of the scheduler's "
+        "node for an incident; state planned|done|refused|failed|skipped with its reason; mode dry-run|"
+        "enforce; attempt: the failures so far, retry_ms when it is tried again (-1: not); final: 1 when "
+        "the actor never touches that node for that incident again (an operator resumed it, someone "
+        "else drained it); host as the collectors reported it; title, text, tags: Grafana annotation "
+        "fields; time = when the step was taken (the latest point of an action is its state)",
+    ),
+    ACTION_LEASE: Measurement(
+        ACTION_LEASE, ("lease", "holder"),
+        {"until_ms": "int"},
+        "who may act (actions/lease.py): one point per claim of a holder (replica), time = when its claim "
+        "began, until_ms rewritten as it renews; the earliest claim not expired holds the lease",
     ),
 }
 

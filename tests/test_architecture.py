@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "rankscope"
-COMPONENTS = ("collector", "simulator", "analyzer", "dashboards", "events")
+COMPONENTS = ("collector", "simulator", "analyzer", "dashboards", "events", "actions")
 EVALUATION = "evaluation"
 PACKAGES = (CORE, *COMPONENTS, EVALUATION)
 #: What each package may import of the project (besides itself).
@@ -107,7 +107,7 @@ def test_the_core_finds_commands_without_importing_them():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     commands = data["project"]["entry-points"]["rankscope.commands"]
     owners = {target.split(".")[0] for target in commands.values()}
-    assert {"simulator", "analyzer", "dashboards", "collector", "evaluation", "events"} <= owners
+    assert {"simulator", "analyzer", "dashboards", "collector", "evaluation", "events", "actions"} <= owners
     for target in commands.values():
         module, _, func = target.partition(":")
         assert func == "register" and (ROOT / Path(*module.split("."))).with_suffix(".py").exists(), target
