@@ -83,6 +83,7 @@ class Actor:
             if not held:
                 log.info("another actor holds the lease (%s): not acting this pass", who)
                 return now, PassResult(held=False, holder=who)
+        self.scheduler.begin_pass()
         records = read_records(self.store, now - int(self.policy.lookback_s * 1000))
         self.latest = latest(records)
         self.budget = Budget(records, self.policy.max_drains_per_hour, self.policy.max_nodes_per_job_per_hour, now)

@@ -67,6 +67,9 @@ class KubernetesScheduler:
         cfg.retries = 0   # one try per request, bounded by timeout_s; the actor retries with backoff
         return cls(client.CoreV1Api(client.ApiClient(cfg)), timeout_s)
 
+    def begin_pass(self) -> None:
+        """A new actor pass (every request reads the node afresh: nothing to forget)."""
+
     # ---------------------------------------------------------------- requests
     def _call(self, what: str, fn, *args, **kwargs) -> dict | None:
         """One API request's JSON; None on 404; SchedulerError on any other failure."""

@@ -72,6 +72,9 @@ class Scheduler(Protocol):
 
     name: str
 
+    def begin_pass(self) -> None:
+        """A new pass of the actor: forget what was read in the last (node lists)."""
+
     def resolve(self, host: str, node_map: dict[str, str]) -> str:
         """The node ``host`` stands for: as reported, else its short name, else ``node_map``'s."""
 

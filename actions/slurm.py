@@ -82,6 +82,10 @@ class SlurmScheduler:
             raise SchedulerError(f"scontrol {' '.join(args[:2])} failed (exit {done.returncode}): {err}")
         return done.stdout
 
+    def begin_pass(self) -> None:
+        """A new actor pass: the node list is read again."""
+        self._nodes = None
+
     def nodes(self, fresh: bool = False) -> list[dict[str, str]]:
         """Every node the controller knows (read once per actor pass unless ``fresh``)."""
         if self._nodes is None or fresh:

@@ -311,7 +311,8 @@ MEASUREMENTS: dict[str, Measurement] = {
          "first_onset": "int", "last_onset": "int", "iteration_s_before": "float",
          "iteration_s_now": "float", "slowdown": "float", "gpu_hours_lost": "float",
          "iteration_s_if_restored": "float", "host_record": "str", "gpus": "str", "hardware": "str",
-         "timeline": "str", "recovery": "str", "time_to_detect_s": "float", "time_to_recover_s": "float"},
+         "timeline": "str", "recovery": "str", "time_to_detect_s": "float", "time_to_recover_s": "float",
+         "awaiting_recovery_s": "float"},
         "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved); "
         "impact fields: what the incident costs the job (see rankscope.incident.Impact); gpus, hardware, "
         "timeline, recovery: JSON records (see rankscope.incident.Incident)",

@@ -47,6 +47,7 @@ from analyzer.read.attempts import SEGMENT, Attempts
 from analyzer.read.host_history import annotate_repeat_offenders
 from analyzer.read.iteration_reader import IT, LATE_MARGIN_MS, IterationReader
 from analyzer.read.read_size import MAX_READ_ROWS
+from analyzer.service.action_follow import follow_actions
 from analyzer.service.cycle_report import CycleFailed, CycleReport, IncidentEvidence
 from analyzer.service.job_life import (
     RANKS_LEFT,
@@ -227,6 +228,7 @@ class AnalyzerService:
             report.iterations[job] = report.iterations.get(job, 0) + out.iterations
             report.changepoints += len(out.changepoints)
             report.incidents += list(out.incidents.values())
+        follow_actions(self.store, job, ja, self.clock)   # drains done, a drained job's wait (wall clock)
         self.kernels.run(job, ja, final, self.readers.get(job))
         report.write_s += time.perf_counter() - t0
 
