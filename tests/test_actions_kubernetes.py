@@ -177,3 +177,31 @@ def test_the_fake_answers_as_the_api_server_does(api, kube):
     api.token = "another"                                  # the client's token no longer accepted
     with pytest.raises(Exception, match="401"):
         kube.state("gpu-node-00017")
+
+
+def test_a_slow_api_server_is_retried_with_a_doubling_backoff_until_it_answers(influx_store, api, tmp_path):
+    write(influx_store, incident("il-0477", ["gpu-node-01295"], rank=800))
+    slow = KubernetesScheduler.from_config(api.kubeconfig(tmp_path / "kubeconfig"), timeout_s=1)
+    api.delay_s = 3.0
+    (r1,) = run_pass(influx_store, slow).actions
+    (r2,) = run_pass(influx_store, slow, clock=lambda: time.time() + 61).actions
+    assert (r1.state, r1.attempt, r1.retry_ms - r1.at) == ("failed", 1, 60_000)
+    assert (r2.state, r2.attempt, r2.retry_ms - r2.at) == ("failed", 2, 120_000)   # backoff doubles
+    (same,) = run_pass(influx_store, slow, clock=lambda: time.time() + 100).actions  # before its retry time
+    assert same == r2
+    api.delay_s = 0.0
+    (r3,) = run_pass(influx_store, slow, clock=lambda: time.time() + 200).actions
+    assert r3.state == "done" and api.get("gpu-node-01295")["spec"]["unschedulable"] is True
+    assert [t["key"] for t in api.get("gpu-node-01295")["spec"]["taints"]] == [TAINT_KEY]
+
+
+def test_hostile_incident_ids_and_node_map_targets_never_reach_the_api(influx_store, api, kube):
+    from dataclasses import replace
+
+    bad_id = replace(incident("j1", ["gpu-node-01295"]), id='cs-30-r1", "spec": {"unschedulable": false}')
+    write(influx_store, bad_id, incident("j2", ["rack9-slot1"], rank=16))
+    result = run_pass(influx_store, kube, node_map={"rack9-slot1": "gpu-node-00017/../../namespaces"})
+    by_job = {r.job: r for r in result.actions}
+    assert by_job["j1"].state == "refused" and "incident id" in by_job["j1"].reason
+    assert by_job["j2"].state == "refused" and "refused: only letters" in by_job["j2"].reason
+    assert not [m for m, _, _ in api.requests if m == "PATCH"]

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -201,6 +202,17 @@ def test_bad_names_unknown_nodes_and_a_node_map_that_names_nothing_are_refused(i
     assert by_job["j5"].state == "refused" and "names nothing" in by_job["j5"].reason
     assert "DRAIN" in cluster.node("n1300")["state"]
     assert cluster.log().count("reason set to: rankscope") == 1
+
+
+def test_hostile_incident_ids_and_node_map_targets_never_reach_scontrol(influx_store, cluster):
+    bad_id = replace(incident("j1", ["gpu-node-01294"]), id='cs-30-r1" State=RESUME Reason="x')
+    write(influx_store, bad_id, incident("j2", ["rack7-slot3"], rank=16))
+    result = run_pass(influx_store, sched(cluster), node_map={"rack7-slot3": "n1300 State=DOWN"})
+    by_job = {r.job: r for r in result.actions}
+    assert by_job["j1"].state == "refused" and "incident id" in by_job["j1"].reason
+    assert by_job["j2"].state == "refused" and "metacharacters" in by_job["j2"].reason
+    assert "DRAIN" not in cluster.node("gpu-node-01294")["state"] and "DRAIN" not in cluster.node("n1300")["state"]
+    assert "reason set to" not in cluster.log()
 
 
 def test_the_policy_acts_on_confirmed_fresh_node_verdicts_only(influx_store, cluster):
