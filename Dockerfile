@@ -11,7 +11,8 @@ COPY analyzer ./analyzer
 COPY dashboards ./dashboards
 COPY evaluation ./evaluation
 COPY events ./events
-RUN pip install . && rankscope --version
+COPY actions ./actions
+RUN pip install .[kubernetes] && rankscope --version
 
 RUN useradd --create-home --uid 10001 rankscope
 USER rankscope

@@ -11,7 +11,7 @@ TORCH_VERSION := 2.13.0
 # that comes after torch's, so that no package can replace it.
 TORCH_PIN := $(VENV)/torch-constraint.txt
 
-.PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager prometheus node-exporter clean torch-demo
+.PHONY: demo test bench bench-accuracy lint influxdb chromium alertmanager prometheus node-exporter slurm munge clean torch-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,15 @@ prometheus:
 node-exporter:
 	$(call apt_install,prometheus-node-exporter node_exporter,prometheus-node-exporter)
 
+# The actions tests drain nodes of a real Slurm cluster on this host: one slurmctld and one
+# `slurmd -N <node>` per node (Debian's `slurm-wlm`, 22.05, daemons in /usr/sbin), authenticated
+# by munge (Debian's `munge`, whose client /usr/bin/munge stands for it).
+slurm: munge
+	$(call apt_install,slurmctld slurmd,slurm-wlm)
+
+munge:
+	$(call apt_install,munge munged,munge)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -76,7 +85,7 @@ lint: $(STAMP)
 # compute-slowdown built-in) on one worker together: tests/conftest.py.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) $(TORCH) influxdb chromium alertmanager prometheus node-exporter lint
+test: $(STAMP) $(TORCH) influxdb chromium alertmanager prometheus node-exporter slurm lint
 	$(VENV)/bin/rankscope dashboards check
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

@@ -23,6 +23,7 @@ from analyzer.diagnosis.kernel_evidence import attach_kernels
 from analyzer.score.impact import ImpactTracker
 from analyzer.score.l2_points import l2_frames, l2_rank_frame, window_medians
 from analyzer.score.rank_scores import RankScorer, RankScores
+from analyzer.score.recovery import RecoveryTracker
 from analyzer.score.stage_balance import PipelineBalanceScorer
 from analyzer.score.transfer_floors import TransferFloorScorer
 from rankscope.frames import LatencyCube
@@ -53,6 +54,7 @@ class JobAnalyzer:
         self._diag = Diagnoser(job, topo, stages, self.cfg)
         self.l1_step: dict | None = None
         self.impact = ImpactTracker(topo.world)
+        self.recovery = RecoveryTracker(self.cfg)   # timelines, times to detect and recover
         self.window = Window(self.cfg.history)
         self.last_iteration = -1
         self.last_time_ms = 0
@@ -100,13 +102,18 @@ class JobAnalyzer:
                           job_ms, self.balance.static)
         incs = self._diag.update(obs)
         self.impact.push(iteration, it_med / 1000.0)
+        self.recovery.push(iteration, time_ms, it_med / 1000.0)
         # every open incident's cost grows with the iteration: it is written again
         touched = {i.id: i for i in incs} | {i.id: i for i in self._diag.incidents if i.is_open}
         for inc in touched.values():
             self.impact.update(inc, iteration, time_ms, self.window, self.stages)
             inc.updated_ms = time_ms   # what a restarted analyzer need not count again
+        for inc in self._diag.incidents:   # timelines and recoveries, of the resolved ones too
+            if self.recovery.update(inc, iteration, time_ms, it_med / 1000.0):
+                touched[inc.id] = inc
         incs = list(touched.values())
         self.impact.retain({i.id for i in self._diag.incidents})
+        self.recovery.retain({i.id for i in self._diag.incidents})
         self.last_scores = scores
         self.last_iteration, self.last_time_ms = iteration, time_ms
         return cps, incs
@@ -115,6 +122,7 @@ class JobAnalyzer:
         """New thresholds from the next iteration on, the state kept (a reload, not a restart).
         Settings of :data:`analyzer.config.RESTART_ONLY` keep their running values."""
         self.cfg = cfg
+        self.recovery.cfg = cfg
         self.l1.reconfigure(cfg)
         for part in (self.ranks, self.floors, self.balance):
             part.cfg = cfg
@@ -136,6 +144,7 @@ class JobAnalyzer:
         for part in (self.ranks, self.floors, self.balance):
             part.topo = topo
         self._diag.replace_topology(topo)
+        self.recovery.note_placement(topo, self._diag.incidents, self.last_time_ms)
         self.ranks.baseline.forget(moved)   # another GPU under those ranks: their own past is not theirs
 
     def restarted(self) -> None:
@@ -143,6 +152,12 @@ class JobAnalyzer:
         afresh (processes, communicators and often GPUs are new); the job's L1 baseline and the
         incidents carry over."""
         self.ranks.baseline.forget()
+        self.recovery.note_restart(self.last_time_ms)
+
+    def note_actions(self, drains: dict[str, int], now_ms: int) -> list[Incident]:
+        """The first drain done on each held incident (``drains``: id -> epoch ms, from the
+        ``action`` points) and how long a drained job has waited to recover; those changed."""
+        return self.recovery.note_actions(self._diag.incidents, drains, now_ms)
 
     # ------------------------------------------------- the job's incidents
     def incidents(self) -> list[Incident]:

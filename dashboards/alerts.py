@@ -222,7 +222,32 @@ def rankscope_alert_groups() -> list[AlertGroup]:
                     "median in {{ $labels.stage }}. If that stage is compute-only, the machine is degraded: "
                     "drain or replace {{ $labels.host }}; network repairs will not help.",
         severity="critical", dashboard_uid="rankscope-heatmap", link_vars=(("job", "job"), ("stage", "stage")))
-    return [AlertGroup("rankscope fail-slow", "1m", [l1, cv, rank, _incident_rule(), _kernel_rule()])]
+    return [AlertGroup("rankscope fail-slow", "1m", [l1, cv, rank, _incident_rule(), _kernel_rule()]),
+            AlertGroup("rankscope actions", "1m", [drained_not_recovered_rule()])]
+
+
+#: Minutes a job rankscope drained may take to recover before the alert fires (a restart on a
+#: new node takes a few minutes: scheduling, loading the checkpoint, warming up).
+RECOVERY_DEADLINE_MIN = 30
+
+
+def drained_not_recovered_rule(minutes: int = RECOVERY_DEADLINE_MIN) -> AlertRule:
+    """A job whose culprit node rankscope drained, not back within 10% of the what-if ``minutes``
+    later (the analyzer's ``awaiting_recovery_s``, by the wall clock: a job that hangs counts)."""
+    return AlertRule(
+        uid="rankscope-drained-not-recovered",
+        title="A job rankscope drained has not recovered",
+        query=InfluxQuery("A", f"SELECT last(\"awaiting_recovery_s\") / 60 FROM {source(schema.INCIDENT)} "
+                               "WHERE $timeFilter GROUP BY \"job\", \"id\", \"class\"", from_s=30 * 86400),
+        reduce=Reduce("B", "A", "last"), threshold=Threshold("C", "B", "gt", float(minutes)),
+        summary="Job {{ $labels.job }}: not recovered {{ humanize $values.B.Value }} min after rankscope drained "
+                "the culprit node of {{ $labels.id }}",
+        description=f"rankscope drained the culprit node of incident {{{{ $labels.id }}}} ({{{{ $labels.class }}}}) "
+                    f"more than {minutes} minutes ago and job {{{{ $labels.job }}}} is not back within 10% of "
+                    "its what-if iteration time: it did not restart, restarted on the same machine, or the "
+                    "verdict was wrong. Check the job's scheduler state and the incident drill-down; the "
+                    "NOC's actions table shows what was done.",
+        severity="critical", dashboard_uid=INCIDENT_DASHBOARD, pending="0s", incident_label="id")
 
 
 def _incident_rule() -> AlertRule:

@@ -14,6 +14,7 @@ per-rank ratio to the group median (only ranks above its reporting floor).
 
 from __future__ import annotations
 
+from dashboards.action_panels import action_annotation
 from dashboards.panels import (
     HEATMAP_MAX_CELLS,
     HEATMAP_RECENT_MAX_CELLS,
@@ -125,6 +126,7 @@ def spec(topology: Topology = IL0477_TOPOLOGY) -> DashboardSpec:
         description="Per-rank stage latency over time; node overview and single-rank drill-down.",
         panels=panels,
         variables=[job_variable(), stage_variable(), pp_variable(), dp_range_variable(topology)],
+        annotations=[action_annotation("\"job\" = '$job'")],
         time_from="now-3h", refresh="1m",
         links=[dashboard_link("NOC overview", "rankscope-noc", include_vars=False),
                dashboard_link("Incident drill-down", "rankscope-incident")],

@@ -9,6 +9,7 @@ still shows its evidence after the raw points expired.
 
 from __future__ import annotations
 
+from dashboards.action_panels import action_annotation
 from dashboards.panels import (
     PROMETHEUS,
     DashboardSpec,
@@ -141,6 +142,7 @@ def _annotations() -> list[InfluxAnnotation]:
         InfluxAnnotation("Restarts and job ends", f"SELECT \"text\", \"event\" FROM {source(schema.JOB_LIFECYCLE)} "
                                                   "WHERE \"job\" = '$job' AND $timeFilter",
                          text_column="text", tags_column="event", color="blue"),
+        action_annotation("\"job\" = '$job'"),
     ]
 
 

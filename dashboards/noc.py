@@ -2,12 +2,14 @@
 
 Per-job iteration time (median, p99 and max over ranks) and the slowest rank, L1 change
 points and incidents as annotations, the open incidents with their hosts and cost, the top
-suspect ranks, the hosts with the most incidents over 30 days (every job: the first to drain). Every panel reads the analyzer's rollups and outputs (kept long, a few points
+suspect ranks, the hosts with the most incidents over 30 days (every job: the first to drain),
+rankscope's actions (annotations and a table) and the times to detect and recover. Every panel reads the analyzer's rollups and outputs (kept long, a few points
 per iteration), never the raw per-rank points, so a wall over hours answers at once.
 """
 
 from __future__ import annotations
 
+from dashboards.action_panels import action_annotation, actions_table, recovery_times
 from dashboards.panels import (
     DashboardSpec,
     InfluxAnnotation,
@@ -86,7 +88,7 @@ def _incidents_and_suspects(lay: Layout) -> list:
     incidents = table(
         "Open incidents",
         [target(f"SELECT \"class\", \"hosts\", \"ranks\", \"stage\", \"ratio\", \"hardware_verdict\", "
-                f"\"slowdown\", \"gpu_hours_lost\", \"onset_iteration\", \"title\" FROM {INCIDENT} "
+                f"\"slowdown\", \"gpu_hours_lost\", \"onset_iteration\", \"time_to_detect_s\", \"title\" FROM {INCIDENT} "
                 f"WHERE \"status\" = 'open' AND {JOB} AND {OPEN_WINDOW} GROUP BY \"job\"", table=True)],
         lay.place(14, 9), sort_by="GPU-hours lost",
         overrides=[{"matcher": {"id": "byName", "options": "gpu_hours_lost"},
@@ -132,6 +134,14 @@ def _repeat_offenders(lay: Layout):
                     "the incident's verdict says the same (its record).")
 
 
+def _actions_and_recovery(lay: Layout) -> list:
+    """What rankscope did (the actions' latest states), then the times to detect and recover."""
+    lay.newline()
+    actions = actions_table(lay, JOB)
+    lay.newline()
+    return [actions, *recovery_times(lay, JOB)]
+
+
 def _annotations() -> list[InfluxAnnotation]:
     return [
         InfluxAnnotation("L1 change points",
@@ -143,6 +153,7 @@ def _annotations() -> list[InfluxAnnotation]:
         InfluxAnnotation("Restarts and job ends",
                          f"SELECT \"text\", \"event\" FROM {source(schema.JOB_LIFECYCLE)} WHERE {JOB} AND $timeFilter",
                          text_column="text", tags_column="event", color="blue"),
+        action_annotation(JOB),
     ]
 
 
@@ -155,7 +166,8 @@ def spec() -> DashboardSpec:
     return DashboardSpec(
         uid=UID, title="rankscope / NOC overview",
         description="Iteration time of every job, open fail-slow incidents and their cost, top suspect ranks.",
-        panels=[*headline, iteration, *_incidents_and_suspects(lay), _repeat_offenders(lay)],
+        panels=[*headline, iteration, *_incidents_and_suspects(lay), _repeat_offenders(lay),
+                *_actions_and_recovery(lay)],
         variables=[job_variable(multi=True)],
         annotations=_annotations(),
         time_from="now-6h", refresh="30s",

@@ -6,7 +6,10 @@ InfluxDB when ``--store``/``RANKSCOPE_STORE`` is a URL: simulates the incident
 "server port down" event), runs one analyzer cycle over it, prints what L1 saw,
 what L2 localised, the verdict and why the port-down event is not the cause,
 what the culprit GPUs' own telemetry says (the ``gpu_health`` the simulator writes; also DCGM in the
-Prometheus of ``RANKSCOPE_PROMETHEUS_URL`` where set), and writes the incident report.
+Prometheus of ``RANKSCOPE_PROMETHEUS_URL`` where set), and writes the incident report. Then it plans,
+as a dry-run, what rankscope would do (drain the culprit node: the scontrol command), swaps that node
+for a spare, simulates on, and prints the recovery: the incident's timeline, time to detect, time to
+recover and how it recovered.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from pathlib import Path
 from analyzer.service.analyzer_service import AnalyzerService
 from analyzer.service.hardware_config import hardware_settings
 from analyzer.service.hardware_evidence import hardware_evidence
+from evaluation.demo_actions import act_then_swap, describe_recovery
 from rankscope.config import store_settings
 from rankscope.store import open_store
 from rankscope.topology import format_ranks
 
 DEMO_STORE = ".rankscope/demo.db"
+#: Iterations simulated after the scenario's end, the culprit node swapped for a spare.
+AFTER_SWAP = 30
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario
-    from simulator.simulate import simulate
+    from simulator.simulate import Pause, simulate
 
     explicit = args.store or os.environ.get("RANKSCOPE_STORE")
     settings = store_settings(args.store or DEMO_STORE, args.bucket)
@@ -56,16 +62,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"rankscope demo: {scenario.job}: {topo.world:,} ranks (tp={topo.tp} pp={topo.pp} dp={topo.dp} "
           f"ep={topo.ep}, {topo.gpus_per_node} GPUs/node), {scenario.iterations} iterations -> {store!r}")
     t0 = time.perf_counter()
-    simulate(scenario, store, progress=True)
-    t1 = time.perf_counter()
     evidence = hardware_evidence(store, hardware_settings({}, os.environ), os.environ)
     svc = AnalyzerService(store, progress=True, jobs=[scenario.job], evidence=[evidence])
+    hosts = list(topo.hosts or [])
+    verdict = act_then_swap(svc, store, scenario.job, hosts, lambda incs: summary(svc.analyzers.get(scenario.job), incs))
+    last = scenario.iterations - 1                 # the scenario as written, then AFTER_SWAP iterations more
+    simulate(scenario.with_overrides(iterations=scenario.iterations + AFTER_SWAP), store, progress=True,
+             pause=Pause(last, verdict))
+    t1 = time.perf_counter()
     svc.cycle(final=True)
     t2 = time.perf_counter()
     incidents = svc.incidents(scenario.job)
-    ja = svc.analyzers.get(scenario.job)
-    print(f"\nsimulated in {t1 - t0:.0f} s, analyzed in {t2 - t1:.0f} s\n")
-    print(summary(ja, incidents))
+    print(f"\nsimulated and analyzed in {t1 - t0:.0f} s, the rest analyzed in {t2 - t1:.0f} s\n")
     if incidents:
         from dashboards.report import write_report
 
@@ -74,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if not settings.is_influx:
         print(f"Explore it: rankscope analyze --once --store {settings.location}; "
               f"rankscope report --latest --store {settings.location} --out out/report")
+    print("\n" + (describe_recovery(incidents) if incidents else "No incident: nothing to recover from."))
     store.close()
     return 0
 

@@ -90,6 +90,9 @@ class Incident:
     #: within 10% of the what-if (NaN: not yet).
     time_to_detect_s: float = NAN
     time_to_recover_s: float = NAN
+    #: Since rankscope's drain, while the job has not recovered (wall clock); -1: no drain waiting
+    #: (stored as -1, never left out: a rewrite of the point must replace it).
+    awaiting_recovery_s: float = -1.0
     #: How the job recovered: ``{"how", "iteration_s_after", "within_what_if"}``; empty: not yet.
     recovery: dict = field(default_factory=dict)
 
@@ -243,6 +246,7 @@ class Incident:
             "last_onset": int(self.last_onset), "host_record": self.host_record,
             **{k: _plain(getattr(self, k)) for k in self.RECORDS},
             **{k: _finite_or_none(getattr(self, k)) for k in self.DURATIONS},
+            "awaiting_recovery_s": _finite_or_none(self.awaiting_recovery_s) if self.awaiting_recovery_s >= 0 else None,
         }
 
     def to_row(self) -> dict:
@@ -263,6 +267,7 @@ class Incident:
             **{k: float(getattr(self.impact, k)) for k in Impact.FIELDS},
             **{k: json.dumps(_plain(getattr(self, k))) for k in self.RECORDS},
             **{k: float(getattr(self, k)) for k in self.DURATIONS},
+            "awaiting_recovery_s": float(self.awaiting_recovery_s if self.awaiting_recovery_s >= 0 else -1.0),
         }
 
     @classmethod
@@ -301,6 +306,7 @@ class Incident:
             timeline=_records(loads(row.get("timeline"), {}), dict),
             recovery=_records(loads(row.get("recovery"), {}), dict),
             **{k: float(num(k, NAN)) for k in cls.DURATIONS},
+            awaiting_recovery_s=float(num("awaiting_recovery_s", -1.0)),
         )
 
 

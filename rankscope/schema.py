@@ -155,6 +155,9 @@ L3_KERNEL = "l3_kernel"
 JOB_LIFECYCLE = "job_lifecycle"
 #: Each GPU's own telemetry beside its rank (collector/gpu_sampler.py, the simulator; rankscope/gpu_health.py).
 GPU_HEALTH = "gpu_health"
+#: What the actor (actions/) did on a verdict: every step of every drain and resume; and who may act.
+ACTION = "action"
+ACTION_LEASE = "action_lease"
 
 #: Tags of one ``stage_latency`` point (all strings in InfluxDB; ints in frames except job
 #: and host). ``host`` (the machine's host name) and ``gpu`` (the local device index) are
@@ -321,7 +324,8 @@ MEASUREMENTS: dict[str, Measurement] = {
          "first_onset": "int", "last_onset": "int", "iteration_s_before": "float",
          "iteration_s_now": "float", "slowdown": "float", "gpu_hours_lost": "float",
          "iteration_s_if_restored": "float", "host_record": "str", "gpus": "str", "hardware": "str",
-         "hardware_verdict": "str", "timeline": "str", "recovery": "str", "time_to_detect_s": "float", "time_to_recover_s": "float"},
+         "hardware_verdict": "str", "timeline": "str", "recovery": "str", "time_to_detect_s": "float",
+         "time_to_recover_s": "float", "awaiting_recovery_s": "float"},
         "one point per incident, time = onset, rewritten in place as it evolves (status open|resolved); "
         "impact fields: what the incident costs the job (see rankscope.incident.Impact); gpus, hardware, "
         "timeline, recovery: JSON records (see rankscope.incident.Incident); hardware_verdict: the GPU "
@@ -389,6 +393,24 @@ MEASUREMENTS: dict[str, Measurement] = {
         "first iteration of the attempt (ended: its last), step = the analyzer's count for it (the "
         "iteration numbers of the analyzer's outputs); time = the attempt's first point (ended: the "
         "job's last); the dashboards' restart annotations",
+    ),
+    ACTION: Measurement(
+        ACTION, ("job", "incident", "node", "action"),
+        {"state": "str", "reason": "str", "host": "str", "class": "str", "scheduler": "str", "mode": "str",
+         "attempt": "int", "retry_ms": "int", "final": "int", "actor": "str", "title": "str", "text": "str",
+         "tags": "str"},
+        "one point per step of an action on a verdict (actions/): action drain|resume of the scheduler's "
+        "node for an incident; state planned|done|refused|failed|skipped with its reason; mode dry-run|"
+        "enforce; attempt: the failures so far, retry_ms when it is tried again (-1: not); final: 1 when "
+        "the actor never touches that node for that incident again (an operator resumed it, someone "
+        "else drained it); host as the collectors reported it; title, text, tags: Grafana annotation "
+        "fields; time = when the step was taken (the latest point of an action is its state)",
+    ),
+    ACTION_LEASE: Measurement(
+        ACTION_LEASE, ("lease", "holder"),
+        {"until_ms": "int"},
+        "who may act (actions/lease.py): one point per claim of a holder (replica), time = when its claim "
+        "began, until_ms rewritten as it renews; the earliest claim not expired holds the lease",
     ),
 }
 

@@ -51,6 +51,7 @@ from rankscope.topology import Topology
 from simulator.faults import Fault
 from simulator.model_params import ModelParams
 from simulator.scenario import Scenario
+from simulator.swaps import placement_at, swapped_ranks
 
 #: Rows of the per-iteration fault-factor matrix.
 _ATTENTION, _MLP, _OPTIMIZER, _DATALOADER, _LINK = range(5)
@@ -241,6 +242,8 @@ class ClusterSimulator:
                 reporting[fault.ranks] = False
             for row in rows:
                 factor[row, fault.ranks] *= fault.factor
+        moved = swapped_ranks(self.topology, self.scenario.swaps, i)   # on new machines: their faults ended
+        factor[:, moved], reporting[moved] = 1.0, True
         self._sporadic(i, factor)
         return factor, reporting
 
@@ -373,7 +376,10 @@ class ClusterSimulator:
         frame = stage_rows(self.scenario.job, ranks, res.iteration,
                            res.time_ms if time_ms is None else int(time_ms),
                            {name: values[:, k] for k, name in enumerate(self.stages.names)},
-                           topo=self.topology, iteration_ms=np.round(res.iteration_ms[ranks], 3), gpu=LOCAL_GPU)
+                           topo=placement_at(self.topology, self.scenario.swaps, res.iteration),
+                           iteration_ms=np.round(res.iteration_ms[ranks], 3), gpu=LOCAL_GPU)
+        if self.scenario.swaps:   # a swap restarts the job on the new machine (torchrun's restart count)
+            frame["attempt"] = sum(res.iteration >= s.at for s in self.scenario.swaps)
         if p.rank_clock_ms > 0 or p.host_clock_ms > 0:
             own = np.random.default_rng([self.scenario.seed, 6, res.iteration]).uniform(
                 0, p.rank_clock_ms, len(ranks))

@@ -11,6 +11,8 @@ A scenario is a TOML file (the built-ins ship in ``simulator/scenarios/``)::
     [[event]]             # name, at, node | rank, severity, source, text
     [[kernel_fault]]      # ranks | node | pp, stage, factor, start, end: one kernel slow, its
                           # stage time unchanged (simulator/kernel_windows.py)
+    [[swap]]              # node, at, host: the node's ranks on another machine from ``at``, their
+                          # faults ended (simulator/swaps.py)
 
 Everything is validated when the scenario is built: unknown keys, bad rank
 ranges, ranks or nodes outside the topology, unknown or unfitting stages are
@@ -38,6 +40,7 @@ from simulator.scenario_parser import (
     nonnegative_int,
     positive_int,
 )
+from simulator.swaps import NodeSwap
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -60,6 +63,7 @@ class Scenario:
     model: dict[str, Any] = field(default_factory=dict)
     kernel_every: int = 0   # > 0: a kernel_stats window every this many iterations (kernel_windows.py)
     kernel_faults: list[KernelFault] = field(default_factory=list)
+    swaps: list[NodeSwap] = field(default_factory=list)   # nodes moved to other machines (simulator/swaps.py)
 
     def with_overrides(self, iterations: int | None = None, seed: int | None = None,
                        job: str | None = None, kernel_every: int | None = None) -> Scenario:

@@ -15,11 +15,13 @@ from simulator.faults import FAULT_KINDS, TRANSIENT_DEFAULT_LENGTH, EventSpec, F
 from simulator.gpu_telemetry import TELEMETRY, valid_telemetry
 from simulator.kernel_windows import KernelFault
 from simulator.model_params import ModelParams
+from simulator.swaps import SPARE_PATTERN, NodeSwap
 
 #: Host names of simulated nodes unless ``[topology] host_pattern`` says otherwise.
 DEFAULT_HOST_PATTERN = "gpu-node-{node:05d}"
 
-_TOP_KEYS = {"description", "topology", "run", "model", "fault", "event", "kernel_fault"}
+_TOP_KEYS = {"description", "topology", "run", "model", "fault", "event", "kernel_fault", "swap"}
+_SWAP_KEYS = {"node", "at", "host"}
 _RUN_KEYS = {"job", "iterations", "seed", "kernel_every"}
 _KERNEL_FAULT_KEYS = {"ranks", "node", "pp", "stage", "factor", "start", "end"}
 _FAULT_KEYS = {"kind", "ranks", "node", "pp", "stage", "factor", "start", "end", "every", "repeats", "host_side",
@@ -137,7 +139,27 @@ class ScenarioParser:
             name=name, description=description, model=dict(model), kernel_every=kernel_every,
             kernel_faults=[self.kernel_fault(f, i, topology)
                            for i, f in enumerate(self.list_of(data.get("kernel_fault", []), "kernel_fault"))],
+            swaps=self.swaps(self.list_of(data.get("swap", []), "swap"), topology),
         )
+
+    def swaps(self, items: list[Any], topo: Topology) -> list[NodeSwap]:
+        """The ``[[swap]]`` tables: a node moved to another machine from iteration ``at`` on."""
+        out: list[NodeSwap] = []
+        for i, data in enumerate(items):
+            p = ("swap", i)
+            d = self.table(data, p, _SWAP_KEYS)
+            node = d.get("node")
+            if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < topo.nodes:
+                raise self.fail((*p, "node"), f"must be a node id in 0..{topo.nodes - 1}, got {node!r}")
+            at = self.guard((*p, "at"), positive_int, d.get("at"), "at")
+            host = d.get("host", SPARE_PATTERN.format(node=node))
+            if not isinstance(host, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host) or (
+                    topo.hosts is not None and host in topo.hosts) or host in {s.host for s in out}:
+                raise self.fail((*p, "host"), f"must be a new host name (letters, digits, '.', '-', '_'), got {host!r}")
+            if node in {s.node for s in out}:
+                raise self.fail((*p, "node"), f"node {node} is swapped twice")
+            out.append(NodeSwap(int(node), at, host))
+        return out
 
     def kernel_fault(self, data: Any, i: int, topo: Topology) -> KernelFault:
         """One ``[[kernel_fault]]``: a device stage's kernel slowed, its stage time unchanged."""

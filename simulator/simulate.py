@@ -7,10 +7,12 @@ writer thread posts iteration i while the model computes iteration i+1.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,7 @@ from simulator.faults import EventSpec
 from simulator.gpu_telemetry import health_frame, health_ranks
 from simulator.kernel_windows import WINDOW, kernel_frame
 from simulator.scenario import Scenario
+from simulator.swaps import NodeSwap
 from simulator.truth import Truth, truth_file_name
 
 
@@ -55,13 +58,15 @@ def events_frame(job: str, events: Sequence[EventSpec], time_ms: int, topology: 
 
 def simulate(scenario: Scenario, store: Store, iterations: int | None = None, live: bool = False,
              speed: float = 1.0, truth_path: str | Path | None = None, start_ms: int | None = None,
-             progress: bool = True, stages: StageSet | None = None) -> Truth:
+             progress: bool = True, stages: StageSet | None = None, pause: Pause | None = None) -> Truth:
     """Run a scenario into ``store``; returns (and, given ``truth_path``, writes) its ground truth.
 
     Backfill (default): timestamps are spaced by the simulated job iteration
     times, starting at ``start_ms`` or, without it, ending at about now (the run
     is simulated twice: once to learn its length). ``live``: each iteration is
     written when its simulated time (divided by ``speed``) has passed, stamped now.
+    ``pause``: once its iteration is written, its callback runs (the run waits) and the node
+    swaps it returns take effect from the next iteration (what an operator did meanwhile).
     """
     if iterations is not None:
         scenario = scenario.with_overrides(iterations=iterations)
@@ -76,7 +81,7 @@ def simulate(scenario: Scenario, store: Store, iterations: int | None = None, li
         truth.write(truth_path)
     writer = _Writer(store)
     try:
-        _run(sim, writer, truth, bar, wall0 if live else None, speed)
+        _run(sim, writer, truth, bar, wall0 if live else None, speed, pause)
     finally:
         writer.close()
         bar.close()
@@ -136,8 +141,27 @@ class _Writer:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+@dataclass(frozen=True)
+class Pause:
+    """Stop after iteration ``after`` is stored and call ``then``; the swaps it returns are done
+    from the next iteration on."""
+
+    after: int
+    then: Callable[[], list[NodeSwap]]
+
+
+def _pause(sim: ClusterSimulator, writer: _Writer, truth: Truth, pause: Pause | None, iteration: int) -> None:
+    if pause is None or iteration != pause.after:
+        return
+    writer.drain()
+    swaps = [NodeSwap(s.node, max(s.at, iteration + 1), s.host) for s in pause.then()]
+    if swaps:
+        sim.scenario = dataclasses.replace(sim.scenario, swaps=[*sim.scenario.swaps, *swaps])
+        truth.swaps += [s.to_dict() for s in swaps]
+
+
 def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0: float | None,
-         speed: float) -> None:
+         speed: float, pause: Pause | None = None) -> None:
     """Step every iteration of the scenario and post its points and events; ``wall0`` (live):
     the wall clock the run started at, each iteration waits for its simulated time."""
     scenario = sim.scenario
@@ -168,6 +192,7 @@ def _run(sim: ClusterSimulator, writer: _Writer, truth: Truth, bar: tqdm, wall0:
         if res.iteration in events_at:
             writer.post_events(events_frame(scenario.job, events_at[res.iteration], stamp, scenario.topology))
         truth.times_ms.append(stamp)
+        _pause(sim, writer, truth, pause, res.iteration)
         bar.update(1)
         bar.set_postfix_str(f"{res.job_iteration_ms / 1000:.1f} s/iteration, {writer.points:,} points",
                             refresh=False)

@@ -62,6 +62,8 @@ class Truth:
     seed: int = 0
     iterations: int = 0
     times_ms: list[int] = field(default_factory=list)
+    #: Nodes moved to other machines: ``{node, at, host}`` (their faults ended at ``at``).
+    swaps: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_scenario(cls, scenario) -> Truth:
@@ -69,7 +71,8 @@ class Truth:
         return cls(job=scenario.job, topology=topo.to_dict(),
                    faults=[f.to_dict(topo) for f in scenario.faults],
                    events=[e.to_dict() for e in scenario.events],
-                   scenario=scenario.name, seed=scenario.seed, iterations=scenario.iterations)
+                   scenario=scenario.name, seed=scenario.seed, iterations=scenario.iterations,
+                   swaps=[s.to_dict() for s in getattr(scenario, "swaps", [])])
 
     def _time_of(self, iteration: int | None) -> int | None:
         if iteration is None or not 0 <= iteration < len(self.times_ms):

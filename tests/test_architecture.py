@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "rankscope"
-COMPONENTS = ("collector", "simulator", "analyzer", "dashboards", "events")
+COMPONENTS = ("collector", "simulator", "analyzer", "dashboards", "events", "actions")
 EVALUATION = "evaluation"
 PACKAGES = (CORE, *COMPONENTS, EVALUATION)
 #: What each package may import of the project (besides itself).
@@ -107,10 +107,23 @@ def test_the_core_finds_commands_without_importing_them():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     commands = data["project"]["entry-points"]["rankscope.commands"]
     owners = {target.split(".")[0] for target in commands.values()}
-    assert {"simulator", "analyzer", "dashboards", "collector", "evaluation", "events"} <= owners
+    assert {"simulator", "analyzer", "dashboards", "collector", "evaluation", "events", "actions"} <= owners
     for target in commands.values():
         module, _, func = target.partition(":")
         assert func == "register" and (ROOT / Path(*module.split("."))).with_suffix(".py").exists(), target
+
+
+def test_the_analyzer_runs_the_actor_without_importing_it():
+    """What runs after a cycle (the actor) comes through the core's entry-point group
+    ``rankscope.after_cycle``: no file of the analyzer names the actions component."""
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    hooks = data["project"]["entry-points"]["rankscope.after_cycle"]
+    assert hooks == {"actions": "actions.service_hook:after_cycle"}
+    named = [str(p.relative_to(ROOT)) for p in (ROOT / "analyzer").rglob("*.py")
+             if any(m == "actions" or m.startswith("actions.") for m in _imports(p))]
+    assert not named, f"the analyzer imports the actor: {named}"
 
 
 #: Inside the analyzer, the data's flow (read -> detect -> score -> diagnosis -> write, with

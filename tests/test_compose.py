@@ -129,7 +129,7 @@ def test_dockerfile_installs_every_package_of_the_project():
     assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
     assert re.search(r"^RUN pip install \.", text, re.M)
     packages = ("rankscope", "collector", "simulator", "analyzer", "dashboards", "evaluation",
-                "events")
+                "events", "actions")
     for pkg in packages:
         assert re.search(rf"^COPY {pkg} \./{pkg}$", text, re.M), pkg
     pyproject = (ROOT / "pyproject.toml").read_text()

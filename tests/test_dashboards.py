@@ -197,7 +197,7 @@ def test_alert_file_has_grafana_file_provisioning_shape():
         rules += grp["rules"]
     assert {r["uid"] for r in rules} == {"rankscope-l1-step", "rankscope-l2-group-cv",
                                          "rankscope-l2-culprit-node", "rankscope-incident-open",
-                                         "rankscope-l3-kernel"}
+                                         "rankscope-l3-kernel", "rankscope-drained-not-recovered"}
     assert {r["uid"]: r["labels"]["severity"] for r in rules}["rankscope-l3-kernel"] == "warning"   # never a page
     assert set(FILES) >= {f"{provisioning.PROVISIONING}/alerting/{f}.yaml" for f in ("rankscope", "notifications")}
     for r in rules:

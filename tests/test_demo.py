@@ -19,5 +19,12 @@ def test_demo_prints_l1_l2_verdict_and_writes_the_report(tmp_path):
     assert "Event 'NIC link flapping' on gpu-node-00097: SUPPORTED" in text
     # the core's advice for the class, as `analyze --once` and the report give it
     assert "Action: Check the NIC / links of gpu-node-00097" in text
+    # the dry-run plan for the culprit node, then its swap and the recovery, with its times
+    assert ("Action plan (dry-run, slurm): drain gpu-node-00097 for ld-15-r776: planned: would run: scontrol "
+            "update NodeName=gpu-node-00097 State=DRAIN Reason=\"rankscope ld-15-r776: link_degradation") in text
+    assert "restarts with node 97 on gpu-spare-00097" in text
+    recovery = text.strip().splitlines()[-1]
+    assert recovery.startswith("Recovery: time to detect ") and "how: node_swap" in recovery
+    assert "time to recover not yet" not in recovery and "(within 10% of the what-if" in recovery
     assert (tmp_path / ".rankscope" / "demo.db").exists()        # the embedded store by default
     assert (tmp_path / "report" / "index.html").exists()

@@ -48,7 +48,8 @@ def _env(sts: dict) -> dict[str, dict]:
 
 def test_the_kustomization_lists_every_file_and_sets_the_image():
     assert set(RESOURCES) == {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(BY_KIND) == {"ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget"}
+    assert set(BY_KIND) == {"ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "ServiceAccount",
+                            "ClusterRole", "ClusterRoleBinding"}
     (image,) = KUSTOMIZATION["images"]
     assert image["newTag"] == __version__
     assert {_container(s)["image"] for s in SETS.values()} == {image["name"]}
@@ -159,3 +160,20 @@ def test_the_liveness_command_fails_once_the_heartbeat_is_old(tmp_path):
     os.utime(beat, (time.time() - 601, time.time() - 601))
     assert run() == 1
     assert probe["periodSeconds"] * probe["failureThreshold"] >= 120
+
+
+#: What the actor may do to nodes (deploy/kubernetes/actor-clusterrole.yaml); the actions tests
+#: check that every request it makes to the fake API server is one of these.
+ACTOR_VERBS = {"get", "list", "patch"}
+
+
+def test_the_actor_may_get_list_and_patch_nodes_and_nothing_more():
+    (role,) = BY_KIND["ClusterRole"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": sorted(ACTOR_VERBS)}]
+    (binding,) = BY_KIND["ClusterRoleBinding"]
+    (account,) = BY_KIND["ServiceAccount"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"]]
+    for sts in SETS.values():
+        assert sts["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]

@@ -1,6 +1,6 @@
 """The Makefile's package-install recipes, run against a stub apt-get.
 
-A fresh machine lacks influxd, chromium, Alertmanager, Prometheus and node_exporter; `make test` installs them with apt-get, as root
+A fresh machine lacks influxd, chromium, Alertmanager, Prometheus, node_exporter, Slurm and munge; `make test` installs them with apt-get, as root
 (CI) or through sudo. These tests run the real recipes with a PATH on which neither program
 exists and `apt-get`/`sudo`/`id` are stubs that record how they were called, so a recipe that
 only works where the packages are already installed fails here, not on a newcomer's machine.
@@ -50,7 +50,7 @@ def _make(target: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("target", "package"), [
     ("influxdb", "influxdb"), ("chromium", "chromium"),
     ("alertmanager", "prometheus-alertmanager"), ("prometheus", "prometheus"),
-    ("node-exporter", "prometheus-node-exporter"),
+    ("node-exporter", "prometheus-node-exporter"), ("munge", "munge"),
 ])
 def test_installs_as_root_without_sudo(tmp_path: Path, target: str, package: str) -> None:
     env, log = _stub_path(tmp_path, uid=0)
@@ -154,3 +154,11 @@ def test_the_benchmarks_install_the_peers_without_replacing_the_cpu_torch(target
     extra = at("-e '.[bench]'")
     assert "-c .venv/torch-constraint.txt" in lines[extra]
     assert torch < pin < extra < at("-m benchmarks.run")
+
+
+def test_slurm_installs_munge_first_then_slurm(tmp_path: Path) -> None:
+    env, log = _stub_path(tmp_path, uid=0)
+    result = _make("slurm", env)
+    assert result.returncode == 0, result.stderr
+    installs = [c.rsplit(" ", 1)[1] for c in log.read_text().splitlines() if " install " in c]
+    assert installs == ["munge", "slurm-wlm"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analyzer.config import load_config
+from analyzer.service.after_cycle import AfterCycle, after_cycle
 from analyzer.service.analyzer_service import AnalyzerService
 from analyzer.service.config_watch import ConfigWatcher
 from analyzer.service.hardware_config import AUTH_PREFIX, URL_ENV, hardware_settings
@@ -32,6 +33,8 @@ log = logging.getLogger("rankscope.analyze")
 
 #: Cycle interval of the scheduled analyzer unless --every says otherwise.
 DEFAULT_EVERY_S = 30.0
+#: How long ``--once`` waits for the actions after its cycle.
+ONCE_ACTIONS_S = 300.0
 
 
 def parse_interval(text: str) -> float:
@@ -70,7 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="TOML",
                    help="thresholds ([analyzer] table) and stages ([stages] table); with --every the "
                         "file is reloaded when it changes (or on SIGHUP): an invalid file is refused "
-                        "and the thresholds in force stay")
+                        "and the thresholds in force stay. Its [actions] table (mode \"dry-run\" or "
+                        "\"enforce\"; read at start) runs the actor after each cycle, in the background "
+                        "(docs/actions.md)")
     p.add_argument("--shard", type=parse_shard, default=None, metavar="K/N",
                    help=f"analyze only the jobs of shard K of N (env {SHARD_ENV}): those whose name's "
                         f"MD5 (last 8 bytes, big-endian) mod N is K, as Prometheus' hashmod; K in "
@@ -93,10 +98,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _once(svc: AnalyzerService, store, args: argparse.Namespace) -> int:
-    """One cycle over what is stored; the incidents, as JSON or as an operator's briefing."""
+def _once(svc: AnalyzerService, store, args: argparse.Namespace, after: AfterCycle | None = None) -> int:
+    """One cycle over what is stored (then the actions, waited for); the incidents, as JSON or
+    as an operator's briefing."""
     require_jobs(store, args.job)
     report = svc.cycle(final=True)
+    if after is not None:
+        after.kick()
+        after.wait(ONCE_ACTIONS_S)
     incidents = svc.stored_incidents()
     if args.json:
         print(json.dumps({"incidents": [i.to_json() for i in incidents]}, indent=2))
@@ -179,13 +188,20 @@ def run(args: argparse.Namespace) -> int:
     svc = AnalyzerService(store, cfg, stages, jobs=args.job, progress=not args.quiet and not args.json,
                           shard=shard, evidence=[evidence], stream=stream and stream.feed,
                           subscription=stream and stream.subscription)
+    try:
+        after = after_cycle(store, args.config)
+    except ValueError:
+        store.close()
+        raise
     if args.once:
         try:
-            return _once(svc, store, args)
+            return _once(svc, store, args, after)
         finally:
+            if after is not None:
+                after.close()
             store.close()
     every = args.every if args.every is not None else DEFAULT_EVERY_S
-    scheduler = build_scheduler(svc, every, blocking=True, watcher=watcher)
+    scheduler = build_scheduler(svc, every, blocking=True, watcher=watcher, after=after)
     if args.heartbeat:
         _heartbeat(scheduler, args.heartbeat)
     if watcher is not None and hasattr(signal, "SIGHUP"):

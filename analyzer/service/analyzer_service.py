@@ -5,8 +5,7 @@ Each cycle, per job:
 1. **read**: the job's :class:`~analyzer.read.iteration_reader.IterationReader` (the only
    reader of ``stage_latency``: from the store, or as InfluxDB forwards the points, the stream
    path) hands on whole iterations, a chunk at a time; the job's events are read once;
-2. **feed**: the iterations to the job's :class:`~analyzer.job_analyzer.JobAnalyzer`, started
-   from the layout of its first iterations, following the placement the rows describe;
+2. **feed**: the iterations to the job's :class:`~analyzer.job_analyzer.JobAnalyzer` (the layout of its first ones);
 3. **write**: ``l1_changepoint``, ``l2_kind``, ``l2_group``, ``l2_rank``, ``job_health``, ``incident`` and
    ``incident_host`` points, and the rollups of the iterations processed (``rollup_host``,
    ``rollup_job``, and the ``rollup_host_5m`` windows and ``rollup_host_1h`` hours closed,
@@ -16,11 +15,9 @@ Each cycle, per job:
 
 A cycle is a unit: its cursor moves on only once what it analyzed is stored. When a read or a
 write fails (the database down, hung or restarted), the outputs of the iterations it fed stay
-pending (the analyzer's state cannot be taken back, and need not be: an iteration is fed
-once, whatever is read again), the cursor goes back to where the cycle began, and the next
-cycle first stores the outputs of a cycle that analyzed all it read, as they were, then
-reads again; a cycle that failed before it analyzed all it read leaves its outputs to the
-next, which adds its own (its L2 and health points are those of the state it ends in).
+pending (an iteration is fed once, whatever is read again), the cursor goes back to where the
+cycle began, and the next cycle first stores the outputs of a cycle that analyzed all it read,
+then reads again; one that failed before that leaves its outputs to the next, which adds its own.
 
 After a restart the state is rebuilt from the database: the job's incidents are read back (an
 open one keeps its id: re-detected culprits join it), the last ``history`` iterations analyzed
@@ -48,6 +45,7 @@ from analyzer.read.rank_devices import name_gpus
 from analyzer.read.read_size import MAX_READ_ROWS
 from analyzer.read.stream_feed import StreamFeed
 from analyzer.read.subscription import Subscription
+from analyzer.service.action_follow import follow_actions
 from analyzer.service.cycle_report import CycleFailed, CycleReport, IncidentEvidence
 from analyzer.service.job_life import (
     RANKS_LEFT,
@@ -235,6 +233,7 @@ class AnalyzerService:
             report.iterations[job] = report.iterations.get(job, 0) + out.iterations
             report.changepoints += len(out.changepoints)
             report.incidents += list(out.incidents.values())
+        follow_actions(self.store, job, ja, self.clock)   # drains done, a drained job's wait (wall clock)
         self.kernels.run(job, ja, final, self.readers.get(job))
         report.write_s += time.perf_counter() - t0
 

@@ -53,6 +53,9 @@ def close_open(incidents: list[Incident], step: int, reason: str = JOB_ENDED) ->
         if inc.is_open:
             inc.resolve(step)
             inc.evidence["closed"] = reason
+            if reason == JOB_ENDED and not inc.recovery:   # the job ended before it recovered
+                inc.recovery = {"how": "job_ended", "iteration_s_after": None, "within_what_if": False}
+                inc.awaiting_recovery_s = -1.0
             closed.append(inc)
     return closed
 

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from analyzer.service.after_cycle import AfterCycle
 from analyzer.service.analyzer_service import AnalyzerService
 from analyzer.service.config_watch import ConfigWatcher
 from analyzer.service.cycle_report import CycleFailed
@@ -34,6 +35,7 @@ class CycleGuard:
     svc: AnalyzerService
     every_s: float
     watcher: ConfigWatcher | None = None
+    after: AfterCycle | None = None   # what runs after each cycle, in the background (the actor)
     started: float | None = None
     reported: bool = False
     skipped: int = 0
@@ -53,6 +55,8 @@ class CycleGuard:
         ok = False
         try:
             ok = safe_cycle(self.svc)
+            if self.after is not None:
+                self.after.kick()   # never waited for: a hung scheduler cannot hold the cycles
             return ok
         finally:
             if not ok:
@@ -114,14 +118,15 @@ _FILTER = _DropSkipNotices()
 
 
 def build_scheduler(svc: AnalyzerService, every_s: float, blocking: bool = True,
-                    watcher: ConfigWatcher | None = None):
+                    watcher: ConfigWatcher | None = None, after: AfterCycle | None = None):
     """APScheduler 3.x: an interval job with coalescing, one instance at a time, a misfire grace;
-    overruns reported by a :class:`CycleGuard` (``scheduler.rankscope_guard``)."""
+    overruns reported by a :class:`CycleGuard` (``scheduler.rankscope_guard``); ``after`` started
+    after each cycle."""
     from apscheduler.events import EVENT_JOB_MAX_INSTANCES
     from apscheduler.schedulers.background import BackgroundScheduler
     from apscheduler.schedulers.blocking import BlockingScheduler
 
-    guard = CycleGuard(svc, every_s, watcher)
+    guard = CycleGuard(svc, every_s, watcher, after)
     cls = BlockingScheduler if blocking else BackgroundScheduler
     sched = cls(job_defaults={"coalesce": True, "max_instances": 1,
                               "misfire_grace_time": max(1, int(every_s))})
