@@ -263,8 +263,10 @@ def _incident_rule() -> AlertRule:
                 "{{ $labels.host }}",
         description="The analyzer opened incident {{ $labels.id }} ({{ $labels.class }}) on job "
                     "{{ $labels.job }}; host {{ $labels.host }} holds culprit ranks (one alert per culprit "
-                    "host, grouped per job). Its record names the culprit ranks, stage, ratio and cost, and "
-                    "its verdict on each out-of-band event. Drain or replace {{ $labels.host }} when the "
+                    "host, grouped per job). Its record names the culprit ranks, stage, ratio and cost, "
+                    "its verdict on each out-of-band event, and what the culprit GPUs' own telemetry says "
+                    "(hardware_verdict: hardware_fault and why, e.g. GPU thermal throttling, or "
+                    "no_hardware_signal: look at software, data, the host). Drain or replace {{ $labels.host }} when the "
                     "class is a compute fault; do not repair the network on the strength of a port event "
                     "the record contradicts.",
         severity="critical", dashboard_uid=INCIDENT_DASHBOARD, pending="0s", incident_label="id")

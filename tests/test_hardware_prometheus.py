@@ -230,3 +230,13 @@ def test_the_incident_dashboards_gpu_panels_draw_the_culprit_hosts_gpus(prom, na
         if title.startswith("clock-event"):
             want = 0x60 if name == "thr" else 0x80
             assert {float(s["values"][-1][1]) for s in result} == {want}
+
+
+def test_many_hosts_are_asked_for_a_few_at_a_time_with_the_same_answer(prom, monkeypatch):
+    from analyzer.read import dcgm_prometheus
+
+    whole = hw_of("thr", prom)
+    monkeypatch.setattr(dcgm_prometheus, "HOSTS_PER_QUERY", 1)   # 4 hosts: 4 queries
+    split = hw_of("thr", prom)
+    assert split["verdict"] == "hardware_fault" and split["peer_gpus"] == whole["peer_gpus"] == 12
+    assert [g["samples"] for g in split["gpus"]] == [g["samples"] for g in whole["gpus"]]

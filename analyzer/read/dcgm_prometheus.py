@@ -48,6 +48,8 @@ CLOCK_EVENTS_COUNT = "DCGM_EXP_CLOCK_EVENTS_COUNT"
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MAX_LABELS = 64
+#: Hosts asked for in one query: 24 hosts of 8 GPUs x 12 metrics x 240 points is ~7 MB of JSON.
+HOSTS_PER_QUERY = 24
 _MAX_TEXT = 1024
 
 
@@ -86,46 +88,59 @@ class DcgmPrometheus:
         return (f'{{__name__=~"{metric}",{self.host_label}=~"(?i)({alternatives})(\\\\..+)?(:[0-9]+)?"{extra}}}')
 
     def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
-        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (:mod:`analyzer.read.gpu_samples`)."""
+        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (:mod:`analyzer.read.gpu_samples`), asked
+        for :data:`HOSTS_PER_QUERY` hosts at a time (each answer stays well inside ``max_bytes``)."""
         self.note = f"no host name a query can carry among {', '.join(hosts[:3])}"
         if not self.names(hosts) or end_ms <= start_ms:
             return empty()
-        step = max(15, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
-        q = self.query(hosts)
         self.note = f"{self.host_label} matching {', '.join(hosts[:3])}{' ...' if len(hosts) > 3 else ''}"
+        parts = [self._query(hosts[i:i + HOSTS_PER_QUERY], start_ms, end_ms)
+                 for i in range(0, len(hosts), HOSTS_PER_QUERY)]
+        parts = [p for p in parts if len(p)]
+        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else empty()
+
+    def _query(self, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
+        if not self.names(hosts):
+            return empty()
+        step = max(15, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
         try:
             body = bounded_get(f"{self.url}/api/v1/query_range",
-                               {"query": q, "start": f"{start_ms / 1000:.3f}", "end": f"{end_ms / 1000:.3f}",
-                                "step": f"{step}s"},
+                               {"query": self.query(hosts), "start": f"{start_ms / 1000:.3f}",
+                                "end": f"{end_ms / 1000:.3f}", "step": f"{step}s"},
                                timeout_s=self.timeout_s, max_bytes=self.max_bytes, auth=self.auth)
         except HttpFailure as exc:
             raise SourceUnavailable(f"Prometheus {exc}") from None
         return self.parse(body, HostIndex(hosts, self.host_map))
 
     def parse(self, body: bytes, idx: HostIndex) -> pd.DataFrame:
-        """The samples of an answer to :meth:`query`, for the job's hosts of ``idx``."""
+        """The samples of an answer to :meth:`query`, for the job's hosts of ``idx`` (one frame built
+        at the end from per-series arrays: thousands of series a query)."""
         result = _matrix(body, self.url)
-        rows: list[pd.DataFrame] = []
+        labels_of, times, values = [], [], []
         for i, series in enumerate(result):
-            labels, values = _series(series, f"{self.url}: series {i}")
+            labels, vals = _series(series, f"{self.url}: series {i}")
             host = idx.job_host(labels.get(self.host_label, "").rsplit(":", 1)[0]
                                 if self.host_label == "instance" else labels.get(self.host_label, ""))
             name = labels.get("__name__", "")
-            if host is None or name not in METRICS or not len(values):
+            if host is None or name not in METRICS or not len(vals):
                 continue
-            t, v = values[:, 0] * 1000.0, values[:, 1]
+            v = vals[:, 1]
             if name == CLOCK_EVENTS_COUNT:
                 bit = gh.CLOCK_EVENT_BITS.get(gh.EXPORTER_CLOCK_EVENTS.get(labels.get("clock_event", ""), ""))
                 if bit is None:
                     continue
                 v = np.where(v > 0, float(bit), np.where(np.isfinite(v), 0.0, np.nan))
-            rows.append(pd.DataFrame({
-                "host": host, "gpu": labels.get("gpu", "-1"), "uuid": labels.get("UUID", labels.get("uuid", "")),
-                "signal": METRICS[name], "time": t, "value": v,
-                "_series": f"{name}/{labels.get('clock_event', '')}", "_n": len(values), "_i": i}))
-        if not rows:
+            labels_of.append((host, labels.get("gpu", "-1"), labels.get("UUID", labels.get("uuid", "")),
+                              METRICS[name], f"{name}/{labels.get('clock_event', '')}", len(vals), i))
+            times.append(vals[:, 0] * 1000.0)
+            values.append(v)
+        if not labels_of:
             return empty()
-        frame = pd.concat(rows, ignore_index=True)
+        n = np.array([len(t) for t in times])
+        cols = list(zip(*labels_of, strict=True))
+        frame = pd.DataFrame({k: np.repeat(np.array(c, dtype=object), n) for k, c in
+                              zip(["host", "gpu", "uuid", "signal", "_series", "_n", "_i"], cols, strict=True)})
+        frame["time"], frame["value"] = np.concatenate(times), np.concatenate(values)
         return clean(_one_series_each(frame))
 
 

@@ -55,22 +55,30 @@ class SignalRules:
     peer_share: float = 0.5       # an error on this share of the peers is the job's, not the GPU's
 
 
+def keyed(samples: pd.DataFrame) -> pd.DataFrame:
+    """``samples`` with ``key`` (host/gpu), one sample each, and the text columns as categories: done
+    once per query, so that each incident's :func:`phased` groups integers, not text."""
+    s = samples.assign(key=samples["host"].astype(str) + "/" + samples["gpu"].astype(str))
+    s = s.drop_duplicates(["key", "signal", "time", "value"])
+    return s.astype({c: "category" for c in ("host", "uuid", "signal", "key")}).reset_index(drop=True)
+
+
 def phased(samples: pd.DataFrame, culprits: pd.DataFrame, onset_ms: int, before_ms: int,
            after_ms: int) -> pd.DataFrame:
     """``samples`` in ``[onset - before_ms, onset)`` (before) and ``[onset, onset + after_ms]`` (after),
-    with ``key`` (host/gpu) and ``role``. ``culprits`` (host, gpu, uuid; gpu -1: every GPU of the host)
-    name the incident's GPUs: by UUID where both sides know it, else by host and index."""
+    with ``key`` (host/gpu, :func:`keyed`) and ``role``. ``culprits`` (host, gpu, uuid; gpu -1: every GPU
+    of the host) name the incident's GPUs: by UUID where both sides know it, else by host and index."""
+    if "key" not in samples.columns:
+        samples = keyed(samples)
     t = samples["time"].to_numpy()
-    phase = np.where(t < onset_ms, BEFORE, AFTER)
     keep = (t >= onset_ms - before_ms) & (t <= onset_ms + after_ms)
-    s = samples.loc[keep].assign(phase=phase[keep])
-    s["key"] = s["host"].astype(str) + "/" + s["gpu"].astype(str)
+    s = samples.loc[keep]
     uuids = set(culprits.loc[culprits["uuid"].astype(str) != "", "uuid"].astype(str))
     by_index = set((culprits["host"].astype(str) + "/" + culprits["gpu"].astype(str)).tolist())
     whole_hosts = set(culprits.loc[culprits["gpu"] < 0, "host"].astype(str))
     hit = s["uuid"].isin(uuids).to_numpy() | s["key"].isin(by_index).to_numpy() | s["host"].isin(whole_hosts).to_numpy()
-    s["role"] = np.where(hit, CULPRIT, PEER)
-    return s.drop_duplicates(["key", "signal", "time", "value"]).reset_index(drop=True)
+    return s.assign(phase=pd.Categorical.from_codes((t[keep] >= onset_ms).astype(np.int8), [BEFORE, AFTER]),
+                    role=pd.Categorical.from_codes(hit.astype(np.int8), [PEER, CULPRIT])).reset_index(drop=True)
 
 
 def _events(s: pd.DataFrame) -> pd.DataFrame:

@@ -28,7 +28,7 @@ import pandas as pd
 
 from analyzer.diagnosis.hardware_verdict import hardware_record, unavailable
 from analyzer.read.gpu_samples import SourceUnavailable, TelemetrySource
-from analyzer.score.gpu_signals import COMPUTE_SIGNALS, LINK_SIGNALS, compare, phased
+from analyzer.score.gpu_signals import COMPUTE_SIGNALS, LINK_SIGNALS, compare, keyed, phased
 from analyzer.service.hardware_config import HardwareSettings
 from rankscope.gpu_health import peer_nodes
 from rankscope.incident import Incident, IncidentClass
@@ -93,6 +93,8 @@ class HardwareEvidence:
         start = min(i.onset_ms for i in group) - int(s.baseline_s * 1000)
         end = min(max(i.onset_ms for i in group) + int((s.window_s + s.lag_s) * 1000), max(now_ms, start + 1))
         hosts = self._hosts(group, topo)
+        culprits = {g["host"] for i in group for g in i.gpus}
+        peers = {h for h in hosts if h not in culprits}   # never another incident's culprit
         records: dict[str, list[dict]] = {i.id: [] for i in group}
         for source in self.sources:
             try:
@@ -104,8 +106,9 @@ class HardwareEvidence:
                 for i in group:
                     records[i.id].append(unavailable(source.name, str(exc)))
                 continue
+            samples = keyed(samples)   # once: every incident's comparison reuses it
             for i in group:
-                records[i.id].append(self._record(i, samples, source))
+                records[i.id].append(self._record(i, _own(samples, i, peers), source))
         for i in group:
             i.hardware = self._combined(i, records[i.id], now_ms)
 
@@ -138,6 +141,12 @@ class HardwareEvidence:
                 return
             self._logged[source] = now
         log.warning("hardware evidence: %s", line)
+
+
+def _own(samples: pd.DataFrame, inc: Incident, peers: set[str]) -> pd.DataFrame:
+    """The samples of ``inc``'s culprit hosts and the peer hosts (not those of the other incidents
+    checked with it: a peer that is itself a culprit would hide the fault)."""
+    return samples[samples["host"].isin({g["host"] for g in inc.gpus} | peers).to_numpy()]
 
 
 def _groups(incidents: list[Incident]) -> list[list[Incident]]:
