@@ -33,7 +33,7 @@ class GpuHealthStore:
         return f"GpuHealthStore({self.store!r})"
 
     def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
-        self.note = f"gpu_health of job {job} on {', '.join(hosts[:3])}{' ...' if len(hosts) > 3 else ''}"
+        self.note = f"gpu_health of job {job}"   # the incident's hosts are its own record's (not the query's)
         if not hosts or end_ms <= start_ms:
             return empty()
         every = max(1000, math.ceil((end_ms - start_ms) / self.max_points))

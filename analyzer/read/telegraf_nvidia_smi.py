@@ -64,7 +64,7 @@ class TelegrafNvidiaSmi:
         return {"Authorization": f"Token {self._token}"} if self._token else {}
 
     def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
-        self.note = f"measurement {self.measurement} in database {self.database} for {', '.join(hosts[:3])}"
+        self.note = f"measurement {self.measurement} in database {self.database}"
         if not hosts or end_ms <= start_ms:
             return empty()
         try:

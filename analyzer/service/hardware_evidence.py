@@ -50,6 +50,9 @@ class HardwareEvidence:
         self.settings = settings or HardwareSettings()
         self._lock = threading.Lock()
         self._logged: dict[str, float] = {}
+        # when each incident was last checked (data time, ms): kept here, not in the record, so two
+        # analyzers of the same data store the same record whenever each happened to check
+        self._checked: dict[str, int] = {}
         self.queries = 0   # queries made, for the benchmark and the tests
 
     def __repr__(self) -> str:
@@ -65,7 +68,7 @@ class HardwareEvidence:
         hw = inc.hardware
         if not hw or hw.get("verdict") == "unavailable":
             return True
-        return not hw.get("final") and now_ms - int(hw.get("checked_ms", 0)) >= self.settings.refresh_s * 1000
+        return not hw.get("final") and now_ms - self._checked.get(inc.id, 0) >= self.settings.refresh_s * 1000
 
     # ----------------------------------------------------------------- the check
     def attach(self, job: str, incidents: list[Incident], analyzer: Any) -> None:
@@ -111,6 +114,9 @@ class HardwareEvidence:
                 records[i.id].append(self._record(i, _own(samples, i, peers), source))
         for i in group:
             i.hardware = self._combined(i, records[i.id], now_ms)
+            self._checked[i.id] = now_ms
+        if len(self._checked) > 100_000:   # bounded: a forgotten one is only checked again
+            self._checked.clear()
 
     def _record(self, inc: Incident, samples: pd.DataFrame, source: TelemetrySource) -> dict:
         s = self.settings
@@ -129,7 +135,7 @@ class HardwareEvidence:
         best = max(records, key=lambda r: RANK[r["verdict"]])
         s = self.settings
         whole = inc.onset_ms + (s.window_s + s.lag_s) * 1000 <= now_ms
-        return {**best, "sources": {r["source"]: r["verdict"] for r in records}, "checked_ms": int(now_ms),
+        return {**best, "sources": {r["source"]: r["verdict"] for r in records},
                 "window_ms": {"before": [int(inc.onset_ms - s.baseline_s * 1000), int(inc.onset_ms)],
                               "after": [int(inc.onset_ms), int(inc.onset_ms + s.window_s * 1000)]},
                 "final": bool(whole and all(r["verdict"] != "unavailable" for r in records))}
