@@ -109,3 +109,5 @@ def test_node_completion_adds_risen_ranks_and_the_join_needs_a_like_rise():
     assert rose_with(np.array([5, 7]), 0, np.array([6]), 0, 3, values, since, until).tolist() == [False, False]
     values[3:, 5] = 70.0
     assert rose_with(np.array([5, 7]), 0, np.array([6]), 0, 3, values, since, until).tolist() == [True, False]
+    # the other way round: an x8 rank is no GPU of the x1.3 fault of a rank it shares a node with
+    assert rose_with(np.array([6]), 0, np.array([7]), 0, 3, values, since, until).tolist() == [False]

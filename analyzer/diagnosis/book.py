@@ -80,7 +80,7 @@ class IncidentBook:
         ranks = np.asarray(inc.ranks, dtype=np.int64)
         best = None
         for old in self._incidents.values():
-            if (old.cls == inc.cls and not old.is_open and old.resolved_iteration >= 0
+            if (old.cls == inc.cls and old.stage == inc.stage and not old.is_open and old.resolved_iteration >= 0
                     and inc.onset_iteration - old.resolved_iteration <= self.reopen_within
                     and (overlap(np.asarray(old.ranks, dtype=np.int64), ranks) >= 0.5
                          or (bool(inc.nodes) and set(inc.nodes) <= set(old.nodes)))   # the same machines

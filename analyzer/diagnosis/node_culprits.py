@@ -57,9 +57,10 @@ def complete_nodes(ranks: np.ndarray, now: np.ndarray, before: np.ndarray, s: in
 
 def rose_with(ranks: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, onset: int,
               values: np.ndarray, since: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """Which of ``ranks`` (slow in stage ``s``) rose since ``onset`` by at least :data:`SHARE` of
-    the median rise of ``culprits`` in their stage: a rank of a slow node that is slow by the
-    node's fault, not a GPU the OS preempted for a while beside a far slower one. ``values``:
+    """Which of ``ranks`` (slow in stage ``s``) rose since ``onset`` about as much as ``culprits``
+    in their stage (each rise at least :data:`SHARE` of the other): a rank of a slow node that is
+    slow by the node's fault, not a GPU the OS preempted for a while beside a far slower one, nor
+    a far slower GPU beside a few preempted ones. ``values``:
     the window ``[T, R, S]``; ``since``/``before``: its rows from the onset on and before it."""
     ranks = np.asarray(ranks, dtype=np.int64)
     now, then = values[since], values[before]
@@ -72,4 +73,5 @@ def rose_with(ranks: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, 
                               / np.nanmedian(then[:, culprits, s_culprits], axis=0))
     if not theirs > 1.0:
         return np.ones(len(ranks), dtype=bool)
-    return ~(rise < 1.0 + SHARE * (theirs - 1.0))
+    # alike both ways: a far slower rank is a fault of its own, not one more GPU of a node's fault
+    return ~(rise < 1.0 + SHARE * (theirs - 1.0)) & ~(theirs < 1.0 + SHARE * (rise - 1.0))
