@@ -14,9 +14,8 @@ Each comes with ``source``, per culprit GPU its signals and medians, and a one-l
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from analyzer.score.gpu_signals import AFTER, BEFORE, CULPRIT, SignalRules
+from analyzer.score.gpu_signals import AFTER, BEFORE, Comparison, SignalRules
 from rankscope import gpu_health as gh
 
 #: The words of a fault in a title, the most telling first.
@@ -49,23 +48,22 @@ def _signal_entry(row: dict) -> dict:
             "peers": _r(row["peers"], 2)}
 
 
-def gpu_entries(cmp: pd.DataFrame, samples: pd.DataFrame, gpus: list[dict]) -> list[dict]:
+def gpu_entries(found: Comparison, gpus: list[dict]) -> list[dict]:
     """Per culprit GPU found in the samples: host, gpu, uuid, ranks, sample counts, the medians of
     clock, temperature and power, its signals (``fault`` ones) and its context reasons."""
-    mine = samples[samples["role"] == CULPRIT]
-    counts = mine.groupby(["key", "phase"])["time"].nunique().unstack(fill_value=0)
-    ident = mine.drop_duplicates("key").set_index("key")[["host", "gpu", "uuid"]]
+    by_key: dict[str, list[dict]] = {}
+    for r in found.table.to_dict("records"):
+        by_key.setdefault(r["key"], []).append(r)
     out = []
-    for key in sorted(ident.index, key=lambda k: (str(ident.at[k, "host"]), int(ident.at[k, "gpu"]))):
-        host, gpu, uuid = ident.at[key, "host"], int(ident.at[key, "gpu"]), str(ident.at[key, "uuid"])
-        rows = cmp[cmp["key"] == key].to_dict("records")
+    for g in sorted(found.gpus.to_dict("records"), key=lambda g: (str(g["host"]), int(g["gpu"]))):
+        host, gpu, uuid = str(g["host"]), int(g["gpu"]), str(g["uuid"])
+        rows = by_key.get(g["key"], [])
         levels = {r["signal"]: {"before": _r(r[BEFORE], 1), "after": _r(r[AFTER], 1), "peers": _r(r["peers"], 1)}
                   for r in rows if r["kind"] == "level" and r["signal"] in LEVEL_WORDS}
-        ranks = [g["rank"] for g in gpus if g.get("host") == host and g.get("gpu") in (gpu, None)
-                 or (uuid and g.get("uuid") == uuid)]
+        ranks = [x["rank"] for x in gpus if x.get("host") == host and x.get("gpu") in (gpu, None)
+                 or (uuid and x.get("uuid") == uuid)]
         out.append({"host": host, "gpu": gpu if gpu >= 0 else None, "uuid": uuid or None, "ranks": sorted(set(ranks)),
-                    "samples": {p: int(counts.at[key, p]) if p in counts.columns and key in counts.index else 0
-                                for p in (BEFORE, AFTER)},
+                    "samples": {BEFORE: int(g[BEFORE]), AFTER: int(g[AFTER])},
                     **levels, "signals": [_signal_entry(r) for r in rows if r["fault"]],
                     "context": sorted({r["signal"] for r in rows if r["context"]})})
     return out
@@ -126,11 +124,10 @@ def _where(entries: list[dict]) -> str:
     return "; ".join(parts[:4]) + (f" and {len(parts) - 4} more hosts" if len(parts) > 4 else "")
 
 
-def hardware_record(cmp: pd.DataFrame, samples: pd.DataFrame, gpus: list[dict], source: str,
-                    rules: SignalRules, note: str = "") -> dict:
+def hardware_record(found: Comparison, gpus: list[dict], source: str, rules: SignalRules, note: str = "") -> dict:
     """The ``hardware`` record of an incident from one source's compared samples."""
-    entries = gpu_entries(cmp, samples, gpus)
-    peers = int(samples.loc[samples["role"] != CULPRIT, "key"].nunique())
+    entries = gpu_entries(found, gpus)
+    peers = found.peer_gpus
     have = [e for e in entries if e["samples"][AFTER] >= rules.min_samples]
     base = {"source": source, "gpus": entries, "peer_gpus": peers}
     if not have:

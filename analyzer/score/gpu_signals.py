@@ -27,14 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analyzer.score.gpu_series import COUNTERS, LEVELS, REASON_NAMES, GpuSeries
 from rankscope import gpu_health as gh
 
 BEFORE, AFTER = "before", "after"
-CULPRIT, PEER = "culprit", "peer"
 #: Reasons with a fault's meaning (the benign ones are context only).
 FAULT_REASONS = [r for r in gh.CLOCK_EVENT_BITS if r not in gh.BENIGN_REASONS]
-#: Error signals and the sample test that makes one "seen".
-ERRORS = (gh.XID, gh.ROW_REMAP_FAILURE, gh.REMAPPED_ROWS, gh.ECC_DBE)
 #: What each class of incident is checked against, besides the errors.
 COMPUTE_SIGNALS = (*gh.CLOCK_EVENT_BITS, gh.SM_CLOCK, gh.TEMPERATURE, gh.POWER)
 LINK_SIGNALS = (gh.PCIE_REPLAYS, gh.NVLINK_BANDWIDTH)
@@ -55,141 +53,156 @@ class SignalRules:
     peer_share: float = 0.5       # an error on this share of the peers is the job's, not the GPU's
 
 
-def keyed(samples: pd.DataFrame) -> pd.DataFrame:
-    """``samples`` with ``key`` (host/gpu), one sample each, and the text columns as categories: done
-    once per query, so that each incident's :func:`phased` groups integers, not text."""
-    s = samples.assign(key=samples["host"].astype(str) + "/" + samples["gpu"].astype(str))
-    s = s.drop_duplicates(["key", "signal", "time", "value"])
-    return s.astype({c: "category" for c in ("host", "uuid", "signal", "key")}).reset_index(drop=True)
+@dataclass(frozen=True)
+class Comparison:
+    """What :func:`compare` found: ``table`` (per culprit GPU and signal), ``gpus`` (the culprit GPUs
+    with samples in the window: ``key``, ``host``, ``gpu``, ``uuid``, and how many sample times
+    ``before`` and ``after``) and ``peer_gpus`` (the peer GPUs with samples in the window)."""
+
+    table: pd.DataFrame
+    gpus: pd.DataFrame
+    peer_gpus: int
 
 
-def phased(samples: pd.DataFrame, culprits: pd.DataFrame, onset_ms: int, before_ms: int,
-           after_ms: int) -> pd.DataFrame:
-    """``samples`` in ``[onset - before_ms, onset)`` (before) and ``[onset, onset + after_ms]`` (after),
-    with ``key`` (host/gpu, :func:`keyed`) and ``role``. ``culprits`` (host, gpu, uuid; gpu -1: every GPU
-    of the host) name the incident's GPUs: by UUID where both sides know it, else by host and index."""
-    if "key" not in samples.columns:
-        samples = keyed(samples)
-    t = samples["time"].to_numpy()
-    keep = (t >= onset_ms - before_ms) & (t <= onset_ms + after_ms)
-    s = samples.loc[keep]
-    uuids = set(culprits.loc[culprits["uuid"].astype(str) != "", "uuid"].astype(str))
-    by_index = set((culprits["host"].astype(str) + "/" + culprits["gpu"].astype(str)).tolist())
-    whole_hosts = set(culprits.loc[culprits["gpu"] < 0, "host"].astype(str))
-    hit = s["uuid"].isin(uuids).to_numpy() | s["key"].isin(by_index).to_numpy() | s["host"].isin(whole_hosts).to_numpy()
-    return s.assign(phase=pd.Categorical.from_codes((t[keep] >= onset_ms).astype(np.int8), [BEFORE, AFTER]),
-                    role=pd.Categorical.from_codes(hit.astype(np.int8), [PEER, CULPRIT])).reset_index(drop=True)
+@dataclass(frozen=True)
+class _Window:
+    """An incident's roles (per GPU: -1 not compared, 0 peer, 1 culprit) and times."""
+
+    role: np.ndarray
+    onset: int
+    lo: int
+    hi: int
+
+    def take(self, key: np.ndarray, time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which samples lie in the window on a compared GPU, and their phase (1: after)."""
+        m = (time >= self.lo) & (time <= self.hi) & (self.role[key] >= 0)
+        return m, (time[m] >= self.onset).astype(np.int64)
 
 
-def _events(s: pd.DataFrame) -> pd.DataFrame:
-    """One row per GPU, sample time and reason bit: whether it was set (bits OR-ed over the
-    samples of that time: field 112 and the exporter's counts together)."""
-    r = s[s["signal"] == gh.REASONS]
-    if not len(r):
-        return pd.DataFrame(columns=["key", "role", "phase", "time", "signal", "active"])
-    bits = gh.reason_bits(r["value"].to_numpy())
-    wide = r[["key", "role", "phase", "time"]].assign(**bits)
-    wide = wide.groupby(["key", "role", "phase", "time"], sort=False).max().reset_index()
-    return wide.melt(id_vars=["key", "role", "phase", "time"], var_name="signal", value_name="active")
+def roles(series: GpuSeries, culprits: pd.DataFrame, hosts: set[str] | None = None) -> np.ndarray:
+    """Per GPU of ``series``: 1 for one of ``culprits`` (host, gpu, uuid; gpu -1: every GPU of the
+    host; by UUID where both sides know it, else by host and index), 0 for a peer on ``hosts``
+    (default: every other GPU), -1 for a GPU not compared."""
+    g = series.gpus
+    uuids = {str(u) for u in culprits["uuid"] if str(u)}
+    by_index = {f"{h}/{i}" for h, i in zip(culprits["host"], culprits["gpu"], strict=True)}
+    whole = {str(h) for h, i in zip(culprits["host"], culprits["gpu"], strict=True) if i < 0}
+    hit = np.fromiter((u in uuids or k in by_index or h in whole
+                       for u, k, h in zip(g["uuid"], g["key"], g["host"], strict=True)), bool, len(g))
+    inside = np.ones(len(g), bool) if hosts is None else np.fromiter((h in hosts for h in g["host"]), bool, len(g))
+    return np.where(hit, 1, np.where(inside, 0, -1)).astype(np.int64)
 
 
-def event_shares(s: pd.DataFrame) -> pd.DataFrame:
-    """Per GPU, phase and reason: the share of samples it was set in, and how many samples."""
-    ev = _events(s)
-    return ev.groupby(["key", "role", "phase", "signal"])["active"].agg(share="mean", n="size").reset_index()
+def _sums(group: np.ndarray, n_groups: int, weights: np.ndarray | None = None) -> np.ndarray:
+    return np.bincount(group, weights=weights, minlength=n_groups).astype(float)
 
 
-def increments(s: pd.DataFrame) -> pd.DataFrame:
-    """The counters' samples with ``inc``: the increase since the GPU's previous sample of it (a
-    counter that went back was reset: it counts as the value it restarted from)."""
-    c = s[s["signal"].isin(gh.COUNTERS)].sort_values(["key", "signal", "time"], kind="stable")
-    diff = c.groupby(["key", "signal"], sort=False)["value"].diff()
-    inc = np.where(diff.to_numpy() < 0, c["value"].to_numpy(), diff.to_numpy())
-    dt = c.groupby(["key", "signal"], sort=False)["time"].diff().to_numpy() / 1000.0
-    return c.assign(inc=inc, dt=dt).dropna(subset=["inc", "dt"])
-
-
-def counter_rates(s: pd.DataFrame) -> pd.DataFrame:
-    """Per GPU, phase and counter: its rate (increase per second) and its increase."""
-    c = increments(s)
-    g = c.groupby(["key", "role", "phase", "signal"])
-    out = g.agg(increase=("inc", "sum"), seconds=("dt", "sum"), n=("inc", "size")).reset_index()
-    return out.assign(rate=out["increase"] / out["seconds"].where(out["seconds"] > 0))
-
-
-def level_medians(s: pd.DataFrame) -> pd.DataFrame:
-    """Per GPU, phase and level signal: the median and how many samples."""
-    lv = s[s["signal"].isin(gh.LEVELS)]
-    return lv.groupby(["key", "role", "phase", "signal"])["value"].agg(median="median", n="size").reset_index()
-
-
-def _by_phase(stat: pd.DataFrame, value: str, rules: SignalRules) -> pd.DataFrame:
-    """Culprit rows ``(key, signal)`` with ``before``/``after`` of ``value`` (NaN with too few
-    samples) and ``peers`` (pooled for shares, the median over GPUs otherwise)."""
-    ok = stat[stat["n"] >= rules.min_samples]
-    mine = ok[ok["role"] == CULPRIT].pivot_table(index=["key", "signal"], columns="phase", values=value,
-                                                 aggfunc="first")
-    mine = mine.reindex(columns=[BEFORE, AFTER])
-    peers = ok[(ok["role"] == PEER) & (ok["phase"] == AFTER)]
-    if value == "share":
-        weighted = (peers["share"] * peers["n"]).groupby(peers["signal"]).sum()
-        ref = weighted / peers.groupby("signal")["n"].sum()
-    else:
-        ref = peers.groupby("signal")[value].median()
-    out = mine.reset_index()
-    out["peers"] = out["signal"].map(ref).astype(float)
-    out["peer_gpus"] = out["signal"].map(peers.groupby("signal")["key"].nunique()).fillna(0).astype(int)
+def _medians(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
+    """The median of ``values`` per group (NaN for an empty one); ``values`` sorted within each
+    group already (:class:`~analyzer.score.gpu_series.Values` are), so one stable sort by group
+    keeps them sorted."""
+    v = values[np.argsort(group, kind="stable")]
+    counts = np.bincount(group, minlength=n_groups)
+    starts = np.cumsum(counts) - counts
+    out = np.full(n_groups, np.nan)
+    has = counts > 0
+    out[has] = (v[(starts + (counts - 1) // 2)[has]] + v[(starts + counts // 2)[has]]) / 2
     return out
 
 
-def _error_seen(s: pd.DataFrame) -> pd.DataFrame:
-    """Rows (key, role, phase, signal, value) of every sample that shows an error: a non-zero XID
-    (its code the value), a row-remap failure, an increase of a memory-error counter."""
-    flags = s[s["signal"].isin([gh.XID, gh.ROW_REMAP_FAILURE]) & (s["value"] > 0)]
-    inc = increments(s)
-    grown = inc[inc["signal"].isin([gh.REMAPPED_ROWS, gh.ECC_DBE]) & (inc["inc"] > 0)]
-    cols = ["key", "role", "phase", "signal", "value"]
-    return pd.concat([flags[cols], grown.assign(value=grown["inc"])[cols]], ignore_index=True)
+def _peer_ref(stat: np.ndarray, n: np.ndarray, peers: np.ndarray, pooled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per signal: the peers' value after the onset (pooled by samples, or the median over GPUs)
+    and how many peer GPUs count. ``stat``/``n``: ``[gpu, signal]`` after the onset, NaN where too few."""
+    ok = peers[:, None] & np.isfinite(stat)
+    count = ok.sum(axis=0)
+    if pooled:
+        w = np.where(ok, n, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (np.where(ok, stat, 0.0) * w).sum(axis=0) / w.sum(axis=0), count
+    ref = np.full(stat.shape[1], np.nan)
+    for j in np.flatnonzero(count):   # a handful of signals
+        ref[j] = np.median(stat[ok[:, j], j])
+    return ref, count
 
 
-def errors(s: pd.DataFrame, rules: SignalRules) -> pd.DataFrame:
+def _by_phase(series: GpuSeries, win: _Window, stat: np.ndarray, n: np.ndarray, names: list[str], kind: str,
+              rules: SignalRules, pooled: bool = False) -> pd.DataFrame:
+    """Culprit rows (key, signal) with ``before``/``after`` (NaN with too few samples), the peers'
+    reference and count. ``stat``/``n``: ``[gpu, signal, phase]``."""
+    val = np.where(n >= rules.min_samples, stat, np.nan)
+    ref, count = _peer_ref(val[:, :, 1], n[:, :, 1], win.role == 0, pooled)
+    c, j = np.nonzero((win.role == 1)[:, None] & np.isfinite(val).any(axis=2))
+    return pd.DataFrame({"key": series.gpus["key"].to_numpy()[c], "signal": np.asarray(names, dtype=object)[j],
+                         BEFORE: val[c, j, 0], AFTER: val[c, j, 1], "peers": ref[j],
+                         "peer_gpus": count[j].astype(int), "kind": kind})
+
+
+def _event_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> pd.DataFrame:
+    ev, k = series.events, len(series.gpus)
+    m, phase = win.take(ev.key, ev.time)
+    g = ev.key[m] * 2 + phase
+    n = _sums(g, 2 * k).reshape(k, 1, 2)
+    bits = ev.bits[m]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.stack([_sums(g, 2 * k, bits[:, b]).reshape(k, 2) for b in range(bits.shape[1])], axis=1) / n
+    n = np.broadcast_to(n, share.shape)
+    return _by_phase(series, win, share, n, REASON_NAMES, "event", rules, pooled=True)
+
+
+def _level_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> pd.DataFrame:
+    lv, k, s = series.levels, len(series.gpus), len(LEVELS)
+    m, phase = win.take(lv.key, lv.time)
+    g = (lv.key[m] * s + lv.signal[m]) * 2 + phase
+    shape = (k, s, 2)
+    return _by_phase(series, win, _medians(g, lv.value[m], k * s * 2).reshape(shape),
+                     _sums(g, k * s * 2).reshape(shape), LEVELS, "level", rules)
+
+
+def _rate_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> pd.DataFrame:
+    ct, k, s = series.counters, len(series.gpus), len(COUNTERS)
+    m, phase = win.take(ct.key, ct.time)
+    g = (ct.key[m] * s + ct.signal[m]) * 2 + phase
+    shape = (k, s, 2)
+    inc, dt = _sums(g, k * s * 2, ct.inc[m]).reshape(shape), _sums(g, k * s * 2, ct.dt[m]).reshape(shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(dt > 0, inc / dt, np.nan)
+    link = [COUNTERS.index(x) for x in LINK_SIGNALS]
+    return _by_phase(series, win, rate[:, link], _sums(g, k * s * 2).reshape(shape)[:, link],
+                     list(LINK_SIGNALS), "rate", rules)
+
+
+def _error_rows(series: GpuSeries, win: _Window, peers_after: int, rules: SignalRules) -> pd.DataFrame:
     """Per culprit GPU and error signal it shows after the onset: ``after`` (samples showing it),
     ``before`` (the same before; an XID counts only with a code not seen before), ``peers`` (the
-    share of the peer GPUs showing it after), ``codes`` (the new XID codes), ``fault``."""
-    seen = _error_seen(s)
-    culprit = seen[(seen["role"] == CULPRIT)]
-    after, before = culprit[culprit["phase"] == AFTER], culprit[culprit["phase"] == BEFORE]
-    if not len(after):
-        return pd.DataFrame(columns=["key", "signal", "kind", "before", "after", "peers", "peer_gpus", "codes", "fault"])
+    share of the ``peers_after`` peer GPUs showing it after), ``codes`` (the new XID codes), ``fault``."""
+    e = series.errors
+    key = e["key"].to_numpy()
+    m, phase = win.take(key, e["time"].to_numpy())
+    role = win.role[key[m]]
+    if not ((role == 1) & (phase == 1)).any():
+        return pd.DataFrame()
+    seen = e[m].assign(role=role, after=phase == 1)
+    culprit = seen[seen["role"] == 1]
+    after, before = culprit[culprit["after"]], culprit[~culprit["after"]]
     out = after.groupby(["key", "signal"]).agg(after=("value", "size")).reset_index()
-    codes_after = after[after["signal"] == gh.XID].groupby("key")["value"].unique()
-    codes_before = before[before["signal"] == gh.XID].groupby("key")["value"].unique()
-    new = {k: sorted({int(c) for c in v} - {int(c) for c in codes_before.get(k, [])}) for k, v in codes_after.items()}
-    out["codes"] = [new.get(k, []) if sig == gh.XID else [] for k, sig in zip(out["key"], out["signal"], strict=True)]
     prior = before.groupby(["key", "signal"]).size()
+    codes_before = before[before["signal"] == gh.XID].groupby("key")["value"].agg(lambda v: {int(c) for c in v})
+    codes_after = after[after["signal"] == gh.XID].groupby("key")["value"].agg(lambda v: {int(c) for c in v})
+    out["codes"] = [sorted(codes_after.get(k, set()) - codes_before.get(k, set())) if sig == gh.XID else []
+                    for k, sig in zip(out["key"], out["signal"], strict=True)]
     out["before"] = [float(prior.get((k, sig), 0)) for k, sig in zip(out["key"], out["signal"], strict=True)]
-    peers_all = s.loc[(s["role"] == PEER) & (s["phase"] == AFTER), "key"].nunique()
-    peer_seen = seen[(seen["role"] == PEER) & (seen["phase"] == AFTER)].groupby("signal")["key"].nunique()
-    out["peers"] = out["signal"].map(peer_seen).fillna(0) / peers_all if peers_all else np.nan
-    out["peer_gpus"] = peers_all
-    is_xid = out["signal"] == gh.XID
-    new_here = np.where(is_xid, out["codes"].map(len) > 0, out["before"] == 0)
+    peer_seen = seen[(seen["role"] == 0) & seen["after"]].groupby("signal")["key"].nunique()
+    out["peers"] = out["signal"].map(peer_seen).fillna(0) / peers_after if peers_after else np.nan
+    out["peer_gpus"] = peers_after
+    new_here = np.where(out["signal"] == gh.XID, out["codes"].map(len) > 0, out["before"] == 0)
     out["fault"] = new_here & ~(out["peers"].fillna(0) >= rules.peer_share)
-    return out.assign(kind="error")
+    out["key"] = series.gpus["key"].to_numpy()[out["key"].to_numpy()]
+    return out.assign(kind="error", context=False)
 
 
-def compare(s: pd.DataFrame, rules: SignalRules, signals: tuple[str, ...]) -> pd.DataFrame:
-    """Per culprit GPU and signal: ``kind`` (event, level, rate, error), ``before``, ``after``,
-    ``peers``, ``peer_gpus``, ``fault`` (it sets the GPU apart; only for ``signals``, what the
-    incident's class is checked against, and the errors) and ``context`` (a reason it shows as its
-    peers or its past do)."""
-    rates = counter_rates(s)
-    parts = [_by_phase(event_shares(s), "share", rules).assign(kind="event"),
-             _by_phase(level_medians(s), "median", rules).assign(kind="level"),
-             _by_phase(rates[rates["signal"].isin(LINK_SIGNALS)], "rate", rules).assign(kind="rate")]
-    parts = [p for p in parts if len(p)]
-    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        columns=["key", "signal", BEFORE, AFTER, "peers", "peer_gpus", "kind"])
+def _faults(out: pd.DataFrame, rules: SignalRules, signals: tuple[str, ...]) -> pd.DataFrame:
+    """``out`` with ``fault`` (the signal sets the GPU apart from its baseline and its peers; only
+    for ``signals``) and ``context`` (a reason it shows as its peers or its past do)."""
     b, a, p = (out[c].to_numpy(dtype=float) for c in (BEFORE, AFTER, "peers"))
     hi, lo = np.fmax(b, p), np.fmin(b, p)   # NaN-aware: the comparison there is
     sig = out["signal"].to_numpy()
@@ -202,8 +215,37 @@ def compare(s: pd.DataFrame, rules: SignalRules, signals: tuple[str, ...]) -> pd
              (lo > 0) & (a <= (1 - rules.nvlink_drop) * lo)], default=False)
         fault &= np.isfinite(a) & np.isfinite(hi) & np.isin(sig, signals)
         context = (out["kind"].to_numpy() == "event") & ~fault & (a >= 0.1)
-    out = out.assign(fault=fault, context=context, codes=[[] for _ in range(len(out))])
-    err = errors(s, rules)
+    return out.assign(fault=fault, context=context, codes=[[] for _ in range(len(out))])
+
+
+def _present(series: GpuSeries, win: _Window) -> tuple[pd.DataFrame, int, int]:
+    """The culprit GPUs with samples in the window and their sample times per phase; how many
+    peer GPUs have samples in the window, and after the onset."""
+    seen, k = series.seen, len(series.gpus)
+    m, phase = win.take(seen.key, seen.time)
+    n = _sums(seen.key[m] * 2 + phase, 2 * k).reshape(k, 2).astype(int)
+    here = n.sum(axis=1) > 0
+    mine = np.flatnonzero(here & (win.role == 1))
+    gpus = series.gpus.iloc[mine].assign(before=n[mine, 0], after=n[mine, 1]).reset_index(drop=True)
+    peers = win.role == 0
+    return gpus, int((here & peers).sum()), int(((n[:, 1] > 0) & peers).sum())
+
+
+def compare(series: GpuSeries, culprits: pd.DataFrame, onset_ms: int, before_ms: int, after_ms: int,
+            rules: SignalRules, signals: tuple[str, ...], hosts: set[str] | None = None) -> Comparison:
+    """``culprits``' GPUs (see :func:`roles`) in ``[onset - before_ms, onset)`` (before) and
+    ``[onset, onset + after_ms]`` (after) against their own baseline and the peers on ``hosts``:
+    per culprit GPU and signal ``kind`` (event, level, rate, error), ``before``, ``after``,
+    ``peers``, ``peer_gpus``, ``fault`` (only for ``signals``, what the incident's class is checked
+    against, and the errors), ``context``, ``codes`` (new XID codes)."""
+    win = _Window(roles(series, culprits, hosts), int(onset_ms), int(onset_ms - before_ms), int(onset_ms + after_ms))
+    parts = [p for p in (_event_rows(series, win, rules), _level_rows(series, win, rules),
+                         _rate_rows(series, win, rules)) if len(p)]
+    out = _faults(pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=["key", "signal", BEFORE, AFTER, "peers", "peer_gpus", "kind"]), rules, signals)
+    gpus, peer_gpus, peers_after = _present(series, win)
+    err = _error_rows(series, win, peers_after, rules)
     if len(err):
-        out = pd.concat([out, err.assign(context=False)], ignore_index=True)
-    return out.sort_values(["key", "signal"], kind="stable").reset_index(drop=True)
+        out = pd.concat([out, err], ignore_index=True)
+    table = out.sort_values(["key", "signal"], kind="stable").reset_index(drop=True)
+    return Comparison(table=table, gpus=gpus, peer_gpus=peer_gpus)

@@ -28,7 +28,8 @@ import pandas as pd
 
 from analyzer.diagnosis.hardware_verdict import hardware_record, unavailable
 from analyzer.read.gpu_samples import SourceUnavailable, TelemetrySource
-from analyzer.score.gpu_signals import COMPUTE_SIGNALS, LINK_SIGNALS, compare, keyed, phased
+from analyzer.score.gpu_series import GpuSeries, prepare
+from analyzer.score.gpu_signals import COMPUTE_SIGNALS, LINK_SIGNALS, compare
 from analyzer.service.hardware_config import HardwareSettings
 from rankscope.gpu_health import peer_nodes
 from rankscope.incident import Incident, IncidentClass
@@ -109,25 +110,28 @@ class HardwareEvidence:
                 for i in group:
                     records[i.id].append(unavailable(source.name, str(exc)))
                 continue
-            samples = keyed(samples)   # once: every incident's comparison reuses it
+            series = prepare(samples)   # once: every incident's comparison reuses it
             for i in group:
-                records[i.id].append(self._record(i, _own(samples, i, peers), source))
+                records[i.id].append(self._record(i, series, {g["host"] for g in i.gpus} | peers, source))
         for i in group:
             i.hardware = self._combined(i, records[i.id], now_ms)
             self._checked[i.id] = now_ms
         if len(self._checked) > 100_000:   # bounded: a forgotten one is only checked again
             self._checked.clear()
 
-    def _record(self, inc: Incident, samples: pd.DataFrame, source: TelemetrySource) -> dict:
+    def _record(self, inc: Incident, series: GpuSeries, hosts: set[str], source: TelemetrySource) -> dict:
+        """One source's record of ``inc``: its GPUs against the peers on ``hosts`` (its own culprit
+        hosts and the job's peer hosts, never another incident's culprits: a peer that is itself a
+        culprit would hide the fault)."""
         s = self.settings
         culprits = pd.DataFrame([{"host": g["host"], "gpu": -1 if g.get("gpu") is None else int(g["gpu"]),
                                   "uuid": g.get("uuid") or ""} for g in inc.gpus])
-        ph = phased(samples, culprits, inc.onset_ms, int(s.baseline_s * 1000), int(s.window_s * 1000))
         signals = LINK_SIGNALS if inc.cls == IncidentClass.LINK_DEGRADATION else COMPUTE_SIGNALS
         if inc.cls == IncidentClass.SILENT_RANK:
             signals = (*COMPUTE_SIGNALS, *LINK_SIGNALS)
-        cmp = compare(ph, s.rules, signals)
-        rec = hardware_record(cmp, ph, inc.gpus, source.name, s.rules, source.note)
+        found = compare(series, culprits, inc.onset_ms, int(s.baseline_s * 1000), int(s.window_s * 1000), s.rules,
+                        signals, hosts)
+        rec = hardware_record(found, inc.gpus, source.name, s.rules, source.note)
         rec["checked"] = "pcie, nvlink" if signals == LINK_SIGNALS else "clocks, temperature, power"
         return rec
 
@@ -147,12 +151,6 @@ class HardwareEvidence:
                 return
             self._logged[source] = now
         log.warning("hardware evidence: %s", line)
-
-
-def _own(samples: pd.DataFrame, inc: Incident, peers: set[str]) -> pd.DataFrame:
-    """The samples of ``inc``'s culprit hosts and the peer hosts (not those of the other incidents
-    checked with it: a peer that is itself a culprit would hide the fault)."""
-    return samples[samples["host"].isin({g["host"] for g in inc.gpus} | peers).to_numpy()]
 
 
 def _groups(incidents: list[Incident]) -> list[list[Incident]]:
