@@ -107,3 +107,23 @@ def test_off_thread_through_the_background_writer_into_the_store(embedded_store)
     assert (got[gh.REASONS] == 0x44).all() and (got[gh.TEMPERATURE] == 91.0).all()
     gaps = got["time"].diff().dropna()
     assert (gaps >= 900).all()   # at most one sample a second
+
+
+def test_the_sampler_finds_the_ranks_gpu_as_nvml_numbers_it():
+    def by_uuid(u: str) -> str:
+        if not u.startswith("GPU-"):
+            raise NvmlError(f"no GPU {u}")
+        return f"handle-{u}"
+
+    nv = fake_nvml([])
+    nv.nvmlDeviceGetHandleByUUID = by_uuid
+    uuid = RankCoordinates(job="j", rank=1, pp=0, dp=1, tp=0, ep_group=0, node=0, host="h", gpu=1, gpu_uuid="GPU-ab")
+    found = {}
+    for name, coords, env, device in [("uuid", uuid, {}, None), ("visible", COORDS, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, None),
+                                      ("visible-uuid", COORDS, {"CUDA_VISIBLE_DEVICES": "0,1,2,GPU-cd"}, None),
+                                      ("index", COORDS, {}, None), ("given", COORDS, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 2)]:
+        s = GpuSampler(coords, print, nvml=nv, env=env, device=device)
+        assert s.open() and s.open()
+        found[name] = s._handle
+    assert found == {"uuid": "handle-GPU-ab", "visible": "handle-7", "visible-uuid": "handle-GPU-cd",
+                     "index": "handle-3", "given": "handle-2"}
