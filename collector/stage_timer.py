@@ -33,6 +33,14 @@ synchronisation), so the hot path never waits for the device. :meth:`StageTimer.
 Names are the schema's stage names or their aliases (``Stage.aliases`` from a
 ``[stages]`` config, plus :data:`MEGATRON_ALIASES`), so Megatron-LM's timer
 names map to stages (see :meth:`StageTimer.megatron_timers`).
+
+GPU telemetry (``gpu_health``, :mod:`collector.gpu_sampler`): by default, when ``sink`` is a
+:class:`~collector.writer.background.BackgroundWriter`'s ``put`` and the rank has a GPU (``gpu``
+known, or ``device="cuda"``), an NVML sampler of that GPU runs on a thread of its own, writing
+``gpu_health`` points with the rank's tags through a second writer on the same store every
+``gpu_health_interval_s`` (5 s, at least 1); close() stops it. No NVML: one log line, no thread.
+``gpu_health=False``: off; ``True``: on (a sink that is no writer is an error); a callable takes
+the points; ``nvml`` stands in for ``pynvml``. :meth:`StageTimer.step` is the same either way.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from collector.coordinates import RankCoordinates
+from collector.gpu_sampler import DEFAULT_INTERVAL_S, GpuSampler, beside_timer
 from collector.stage_timing.cpu import CpuTiming
 from collector.stage_timing.cuda import CudaTiming
 from collector.stage_timing.hooks import ModuleHooks, time_ddp_allreduce
@@ -118,6 +127,11 @@ class StageTimer:
     clock: on CPU, the marks: a monotonic clock in seconds (default ``time.perf_counter``).
     wall_clock_ms: the points' timestamps in epoch ms (default :func:`wall_ms`); the
         timer keeps them strictly increasing (one point per ms per rank at most).
+    gpu_health: the rank's GPU telemetry beside the timer (see the module docstring): None
+        (the default: on for a writer's sink and a rank with a GPU, where NVML loads), True,
+        False, or a callable taking each ``gpu_health`` point.
+    nvml: NVML's module for that sampler (default ``pynvml``); gpu_health_interval_s: its
+        period (at least 1 s).
 
     Calls may come in any order:
 
@@ -146,6 +160,9 @@ class StageTimer:
         event_factory: Callable[[], Any] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock_ms: Callable[[], int] = wall_ms,
+        gpu_health: bool | Sink | None = None,
+        nvml: Any = None,
+        gpu_health_interval_s: float = DEFAULT_INTERVAL_S,
     ):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -165,6 +182,8 @@ class StageTimer:
         self._timing: Timing = CpuTiming(clock) if device == "cpu" else CudaTiming(event_factory)
         self._rec = Recorder(self._timing)
         self._hooks = ModuleHooks(self._rec)
+        self._gpu = beside_timer(coords, sink, gpu_health, cuda=device == "cuda", nvml=nvml,
+                                 interval_s=gpu_health_interval_s)
 
     # ------------------------------------------------------------ what it holds
     @property
@@ -197,6 +216,11 @@ class StageTimer:
     def timed_modules(self) -> list[str]:
         """The stages of the modules :meth:`time_module` times (kept while paused)."""
         return [name for _, name, _, _ in self._hooks.modules]
+
+    @property
+    def gpu_sampler(self) -> GpuSampler | None:
+        """The rank's GPU sampler beside the timer (None: off, or no NVML here)."""
+        return self._gpu
 
     @property
     def hooks_attached(self) -> int:
@@ -347,9 +371,12 @@ class StageTimer:
         self._rec.restart()
 
     def close(self) -> None:
-        """Resolve what is still pending (synchronises on GPU) and remove the hooks."""
+        """Resolve what is still pending (synchronises on GPU), remove the hooks and stop the
+        GPU sampler (its own writer flushed)."""
         self._emit_ready(block=True)
         self.remove_hooks()
+        if self._gpu is not None:
+            self._gpu.close()
 
     def _emit_ready(self, block: bool) -> None:
         for it, ms in self._timing.collect(block):

@@ -3,7 +3,10 @@
 Laid out like an incident write-up: symptom (iteration-time timeline with the
 change point), cause (culprit ranks, node, stage, class), detection (L1 and L2
 findings), evidence (rank x stage heatmaps around the culprits, the culprits'
-stages against their group, the verdict on every out-of-band event).
+stages against their group, the verdict on every out-of-band event), hardware
+evidence (the incident's ``hardware`` record: verdict, summary, a table of the
+culprit GPUs and a figure of them against their peers; an incident without a
+record says so, and ``no_data`` / ``unavailable`` show their summary only).
 ``report.json`` beside the page lists the figures and where each heatmap's
 rows lie in its PNG.
 """
@@ -21,8 +24,11 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from dashboards import report_figures as figs
 from dashboards.report_data import (
+    HARDWARE_LEVELS,
+    HardwareView,
     IncidentWindow,
     dp_band_rows,
+    hardware_view,
     load_window,
     rows_around,
     stage_comparison,
@@ -60,10 +66,17 @@ def write_report(store: Store, job: str, out_dir: str | Path, incident_id: str |
     figures.update({key: geo.file for key, geo in heatmaps.items()})
     figures["stages"] = figs.stage_bars(stage_comparison(window, incident), incident, out / "stages.png").name
     figures["verdicts"] = figs.verdicts(incident, out / "verdicts.png").name
+    hardware = hardware_view(incident.hardware)
+    drawn = figs.hardware(hardware, out / "hardware.png") if hardware.compared else None
+    if drawn is not None:
+        figures["hardware"] = drawn.name
+    else:
+        (out / "hardware.png").unlink(missing_ok=True)   # an earlier report's, in a reused folder
     page = out / "index.html"
-    page.write_text(_page(incident, window, figures, heatmaps), encoding="utf-8")
+    page.write_text(_page(incident, window, figures, heatmaps, hardware), encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
         "incident": incident.id, "job": incident.job, "class": incident.cls.value, "figures": figures,
+        "hardware_verdict": hardware.verdict or None,
         "onset_iteration": incident.onset_iteration, "resolved_iteration": incident.resolved_iteration,
         "heatmaps": {k: g.to_json() for k, g in heatmaps.items()},
         "culprits": [int(r) for r in incident.ranks], "hosts": incident.hosts}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -99,7 +112,7 @@ def _heatmaps(window: IncidentWindow, incident: Incident, out: Path) -> dict[str
 
 
 def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
-          heatmaps: dict[str, figs.HeatmapGeometry]) -> str:
+          heatmaps: dict[str, figs.HeatmapGeometry], hardware: HardwareView) -> str:
     """The report page from its Jinja2 template (autoescaped)."""
     ev = incident.evidence
     nodes, ranks = format_ranks(incident.nodes), format_ranks(incident.ranks)
@@ -133,7 +146,7 @@ def _page(incident: Incident, window: IncidentWindow, figures: dict[str, str],
         incident=incident, action=action, facts=facts, ranks=ranks,
         group_ranks=format_ranks(incident.group_ranks), t_before=t_before, t_after=t_after,
         evidence_numbers=json.dumps(shown) if shown else "", figures=figures, restarts=window.restarts or [],
-        heatmap_count=len(heatmaps))
+        heatmap_count=len(heatmaps), hardware=hardware, hardware_levels=[f"{label} ({unit})" for _, label, unit in HARDWARE_LEVELS])
 
 
 # ---------------------------------------------------------------------- CLI
@@ -143,7 +156,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write one incident as an HTML page with PNG figures, laid out like an incident "
                     "record: symptom (iteration-time timeline with the change point), cause, detection, "
                     "evidence (rank x stage heatmaps around the culprits, the culprits' stages against "
-                    "their group, the verdict on each out-of-band event). Prints the page's path.")
+                    "their group, the verdict on each out-of-band event), hardware evidence (the culprit "
+                    "GPUs' telemetry against their peers, where the analyzer checked it). Prints the page's path.")
     add_store_options(p)
     p.add_argument("--job", help="job of the incident (default: the store's only job)")
     which = p.add_mutually_exclusive_group()

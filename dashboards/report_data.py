@@ -1,19 +1,21 @@
 """What an incident report shows, read from the store: the incident record and the
-stage latencies around it, as arrays ready to plot (no plotting here)."""
+stage latencies around it, as arrays ready to plot, and the culprit GPUs' hardware
+evidence as table rows and bars (:func:`hardware_view`); no plotting here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from rankscope import gpu_health as gh
 from rankscope import schema
 from rankscope.frames import LatencyCube, frame_to_cube
 from rankscope.incident import Incident
 from rankscope.job_steps import segments, step_numbers
 from rankscope.store import Store
-from rankscope.topology import Topology
+from rankscope.topology import Topology, format_ranks
 from rankscope.topology_inference import infer_topology
 
 #: Most rows a report heatmap draws (a PNG stays legible below this).
@@ -123,3 +125,137 @@ def stage_comparison(window: IncidentWindow, incident: Incident) -> pd.DataFrame
         group = np.nanmedian(values[:, mates, :], axis=(0, 1))
     return pd.DataFrame({"stage": window.stages, "culprit_ms": culprit, "group_ms": group,
                          "ratio": culprit / group})
+
+
+# ------------------------------------------------------------------ hardware evidence
+#: The levels every culprit GPU's record holds, as the report names them: (record key, label, unit).
+HARDWARE_LEVELS = ((gh.SM_CLOCK, "SM clock", "MHz"), (gh.TEMPERATURE, "temperature", "°C"), (gh.POWER, "power", "W"))
+#: Verdicts whose record compares culprit GPUs with their peers (the others have a summary only).
+COMPARED_VERDICTS = ("hardware_fault", "no_hardware_signal")
+#: Most culprit GPUs a hardware figure draws (the table lists them all).
+MAX_HARDWARE_GPUS = 16
+
+
+@dataclass
+class HardwareView:
+    """What the report shows of an incident's ``hardware`` record
+    (:mod:`analyzer.diagnosis.hardware_verdict`): empty ``verdict`` when there is none."""
+
+    verdict: str = ""
+    source: str = ""
+    summary: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+    checked: str = ""
+    final: bool | None = None                        # None: the record does not say
+    peer_gpus: int = 0
+    gpus: list[dict] = field(default_factory=list)   # the record's culprit GPU entries (compared verdicts only)
+    rows: list[dict] = field(default_factory=list)   # one table row per culprit GPU
+
+    @property
+    def compared(self) -> bool:
+        """The record compares culprit GPUs with their peers (a table and a figure)."""
+        return self.verdict in COMPARED_VERDICTS and bool(self.gpus)
+
+
+def _num(x: object) -> float | None:
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return v if np.isfinite(v) else None
+
+
+def _cell(x: object) -> str:
+    v = _num(x)
+    return "–" if v is None else f"{v:.0f}" if abs(v) >= 10 else f"{v:.3g}"
+
+
+def _share(x: object) -> str:
+    v = _num(x)
+    return "?" if v is None else f"{100 * v:.0f}%"
+
+
+def signal_text(s: dict) -> str:
+    """One signal of a culprit GPU in words: ``hw_thermal_slowdown 0% → 100% of samples (peers 0%)``."""
+    name = str(s.get("signal", "?"))
+    if "share_after" in s:
+        return f"{name} {_share(s.get('share_before'))} → {_share(s.get('share_after'))} of samples " \
+               f"(peers {_share(s.get('share_peers'))})"
+    if "samples_after" in s:
+        xids = "; ".join(f"XID {x.get('code')}: {x.get('meaning')}" for x in s.get("xids") or [] if isinstance(x, dict))
+        return f"{name} in {s.get('samples_after')} samples after the onset ({s.get('samples_before')} before; " \
+               f"peers {_share(s.get('share_peers'))})" + (f": {xids}" if xids else "")
+    return f"{name} {_cell(s.get('before'))} → {_cell(s.get('after'))} (peers {_cell(s.get('peers'))})"
+
+
+def gpu_label(entry: dict, hosts: int) -> str:
+    """``GPU 3`` (one host) or ``host:3``."""
+    gpu = entry.get("gpu")
+    index = "?" if gpu is None else str(gpu)
+    return f"GPU {index}" if hosts <= 1 else f"{entry.get('host', '?')}:{index}"
+
+
+def hardware_view(hw: dict) -> HardwareView:
+    """The report's view of a ``hardware`` record (tolerant of missing or odd fields)."""
+    if not isinstance(hw, dict) or not hw.get("verdict"):
+        return HardwareView()
+    entries = [e for e in hw.get("gpus") or [] if isinstance(e, dict)]
+    view = HardwareView(verdict=str(hw["verdict"]), source=str(hw.get("source") or ""),
+                        summary=str(hw.get("summary") or ""),
+                        sources={str(k): str(v) for k, v in (hw.get("sources") or {}).items()}
+                        if isinstance(hw.get("sources"), dict) else {},
+                        checked=str(hw.get("checked") or ""),
+                        final=None if "final" not in hw else bool(hw["final"]),
+                        peer_gpus=int(_num(hw.get("peer_gpus")) or 0))
+    if view.verdict not in COMPARED_VERDICTS:
+        return view
+    view.gpus = entries
+    for e in entries:
+        signals = [s for s in e.get("signals") or [] if isinstance(s, dict)]
+        levels = {key: e.get(key) if isinstance(e.get(key), dict) else {} for key, _, _ in HARDWARE_LEVELS}
+        view.rows.append({
+            "host": str(e.get("host") or "?"), "gpu": "?" if e.get("gpu") is None else str(e["gpu"]),
+            "uuid": str(e.get("uuid") or "–"), "ranks": format_ranks(e.get("ranks") or []) or "–",
+            "signals": [signal_text(s) for s in signals],
+            "context": [str(c) for c in e.get("context") or []],
+            "levels": [[_cell(levels[key].get(p)) for p in ("before", "after", "peers")] for key, _, _ in HARDWARE_LEVELS]})
+    return view
+
+
+def hardware_levels(view: HardwareView) -> list[tuple[str, str, list[tuple[str, float | None, float | None, float | None]]]]:
+    """Per level the culprit GPUs show (SM clock, temperature, power, then the rates and levels
+    of their signals, e.g. PCIe replays): ``(label, unit, [(gpu, before, after, peers)])``, at
+    most :data:`MAX_HARDWARE_GPUS` GPUs each."""
+    entries = view.gpus[:MAX_HARDWARE_GPUS]
+    hosts = len({e.get("host") for e in view.gpus})
+    out = []
+    for key, label, unit in HARDWARE_LEVELS:
+        bars = [(gpu_label(e, hosts), *(_num(e[key].get(p)) for p in ("before", "after", "peers")))
+                for e in entries if isinstance(e.get(key), dict)]
+        if any(v is not None for b in bars for v in b[1:]):
+            out.append((label, unit, bars))
+    drawn = {key for key, _, _ in HARDWARE_LEVELS}
+    others = sorted({str(s.get("signal")) for e in entries for s in e.get("signals") or []
+                     if isinstance(s, dict) and "after" in s and s.get("signal") not in drawn})
+    for name in others:
+        bars = [(gpu_label(e, hosts), *(_num(s.get(p)) for p in ("before", "after", "peers")))
+                for e in entries for s in e.get("signals") or [] if isinstance(s, dict) and s.get("signal") == name]
+        out.append((name.replace("_", " "), "", bars))
+    return out
+
+
+def hardware_shares(view: HardwareView) -> list[tuple[str, float | None, float | None, float | None]]:
+    """Per clock-event reason among the culprit GPUs' signals: the median over the GPUs that show
+    it of ``share_before``, ``share_after`` and ``share_peers``."""
+    found: dict[str, list[dict]] = {}
+    for e in view.gpus:
+        for s in e.get("signals") or []:
+            if isinstance(s, dict) and "share_after" in s:
+                found.setdefault(str(s.get("signal")), []).append(s)
+
+    def med(rows: list[dict], key: str) -> float | None:
+        vals = [v for v in (_num(r.get(key)) for r in rows) if v is not None]
+        return float(np.median(vals)) if vals else None
+
+    return [(name, med(rows, "share_before"), med(rows, "share_after"), med(rows, "share_peers"))
+            for name, rows in found.items()]

@@ -14,12 +14,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dashboards.report_data import IncidentWindow
+from dashboards.report_data import (
+    MAX_HARDWARE_GPUS,
+    HardwareView,
+    IncidentWindow,
+    hardware_levels,
+    hardware_shares,
+)
 from rankscope.incident import EventVerdict, Incident
 from rankscope.topology import format_ranks
 
 DPI = 100
 VERDICT_COLOURS = {"contradicted": "#d62728", "supported": "#2ca02c", "unrelated": "#7f7f7f"}
+#: The hardware figure's bars: the culprit GPU before and after the onset, the peer GPUs.
+PHASE_COLOURS = (("before", "#9ecae1"), ("after", "#d62728"), ("peers", "#8c8c8c"))
 
 
 def _pyplot():
@@ -164,6 +172,63 @@ def verdicts(incident: Incident, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def hardware(view: HardwareView, path: Path) -> Path | None:
+    """The culprit GPUs against their peers: per level (SM clock, temperature, power, and the
+    rates of link signals) each culprit GPU's median before and after the onset beside the peer
+    GPUs' median; per clock-event reason its share of the samples before, after and on the
+    peers. None (no file) when the record has nothing to draw."""
+    levels, shares = hardware_levels(view), hardware_shares(view)
+    panels = len(levels) + bool(shares)
+    if not panels:
+        return None
+    plt = _pyplot()
+    cols = 2 if panels == 4 else min(panels, 3)
+    rows = -(-panels // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(10, 3.3 * rows + 0.5), dpi=DPI, squeeze=False)
+    names = [p for p, _ in PHASE_COLOURS]
+    for ax, (label, unit, bars) in zip(axes.flat, levels, strict=False):
+        x = np.arange(len(bars))
+        for k, (phase, colour) in enumerate(PHASE_COLOURS):
+            heights = [np.nan if b[1 + k] is None else b[1 + k] for b in bars]
+            ax.bar(x + (k - 1) * 0.27, heights, 0.27, color=colour, label=_phase_label(phase))
+        ax.set_xticks(x, [b[0] for b in bars], rotation=30 if len(bars) > 4 else 0, fontsize=8,
+                      ha="right" if len(bars) > 4 else "center")
+        ax.set_title(f"{label} ({unit})" if unit else label, fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
+    if shares:
+        ax = axes.flat[len(levels)]
+        x = np.arange(len(shares))
+        for k, phase in enumerate(names):
+            heights = [np.nan if s[1 + k] is None else 100 * s[1 + k] for s in shares]
+            bars = ax.bar(x + (k - 1) * 0.27, heights, 0.27, color=PHASE_COLOURS[k][1], label=_phase_label(phase))
+            for b, h in zip(bars, heights, strict=True):
+                if np.isfinite(h):
+                    ax.annotate(f"{h:.0f}%", (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, [s[0] for s in shares], rotation=20 if len(shares) > 2 else 0, fontsize=8)
+        ax.set_ylim(0, 112)
+        ax.set_ylabel("% of samples", fontsize=9)
+        ax.set_title("clock-event reasons (median over the culprit GPUs)", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[panels:]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.45 / fig.get_figheight()),
+               ncol=3, fontsize=8, frameon=False)
+    more = f"; the first {MAX_HARDWARE_GPUS} of {len(view.gpus)} GPUs" if len(view.gpus) > MAX_HARDWARE_GPUS else ""
+    hosts = sorted({str(e.get("host")) for e in view.gpus})
+    fig.suptitle(f"{view.verdict}: culprit GPUs on {', '.join(hosts[:3])}{' ...' if len(hosts) > 3 else ''} "
+                 f"against {view.peer_gpus} peer GPUs ({view.source}{more})", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_figheight()))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _phase_label(phase: str) -> str:
+    return {"before": "culprit, before onset", "after": "culprit, after onset", "peers": "peer GPUs (median)"}[phase]
 
 
 def _short(incident: Incident) -> str:
