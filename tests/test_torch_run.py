@@ -8,6 +8,7 @@ as a compute straggler, on this machine (every point carries its host name).
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import uuid
 
@@ -82,12 +83,35 @@ def test_slow_rank_is_high_in_mlp_and_healthy_ranks_wait_in_the_all_reduce(demo_
     assert it_after.median() > 1.5 * it_before.median()
 
 
-def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
+def _starved_first(incidents: list[dict]) -> bool:
+    """Whether the machine starved a healthy rank before the fault began: 8 processes on 2 cores
+    beside another test worker; a rank that loses the CPU for seconds is a straggler the analyzer
+    rightly names, and one that hides rank 5's cost says nothing of the code."""
+    return not any(i["ranks"] == [SLOW_RANK] for i in incidents) and any(
+        i["class"] == "compute_straggler" and SLOW_RANK not in i["ranks"] and i["onset_iteration"] < SLOW_FROM
+        for i in incidents)
+
+
+def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run, influx_url):
     from analyzer.service.run_once import run_once
+    from rankscope.store import InfluxStore
 
     cfg, _, store = demo_run
     # no topology given: the analyzer infers it, and the placement from the host tags
     incidents = run_once(store, job=cfg.job)
+    if _starved_first(incidents):   # once more, on a new database: the run judged the scheduler
+        store = InfluxStore(influx_url, bucket=f"torchrun_{uuid.uuid4().hex[:8]}", api="v1")
+        cfg = dataclasses.replace(cfg, bucket=store.bucket)
+        try:
+            with alone():
+                run_demo(cfg)
+            incidents = run_once(store, job=cfg.job)
+            df = store.read_stage_latency(cfg.job)
+        finally:
+            store.drop_database()
+            store.close()
+    else:
+        df = store.read_stage_latency(cfg.job)
     stragglers = [i for i in incidents if i["class"] == "compute_straggler"]
     named = [i for i in stragglers if i["ranks"] == [SLOW_RANK] and i["stage"] == "mlp"]
     assert named, f"no compute_straggler naming rank {SLOW_RANK} in mlp among " \
@@ -99,7 +123,6 @@ def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run):
     # rank 5 is THE straggler: a healthy rank the OS scheduler preempts for a few
     # iterations (8 processes on 2 cores) may be flagged in a ~1 ms stage, but the time
     # it loses is small against rank 5's
-    df = store.read_stage_latency(cfg.job)
 
     def excess_ms(rank: int, stage: str, onset: int) -> float:
         after = df[df["iteration"] >= onset].pivot(index="iteration", columns="rank", values=stage)
