@@ -94,7 +94,8 @@ def test_a_slow_gpu_with_clean_telemetry_is_no_hardware_signal(prom):
     hw = hw_of("clean", prom)
     assert hw["verdict"] == "no_hardware_signal" and signals(hw) == set() and hw["phrase"] == ""
     assert hw["summary"].endswith("look at software, data, the host.") and "12 peer GPUs" in hw["summary"]
-    assert all(g["samples"]["after"] >= 10 and g["samples"]["before"] >= 100 for g in hw["gpus"])
+    # 30 min of baseline and 11 after at the 30 s step (MIN_STEP_S): 60 and 22 samples a GPU
+    assert all(g["samples"]["after"] >= 20 and g["samples"]["before"] >= 55 for g in hw["gpus"])
 
 
 def test_a_reason_every_gpu_shows_from_the_onset_is_context_not_a_fault(prom):

@@ -52,10 +52,12 @@ def gpu_entries(found: Comparison, gpus: list[dict]) -> list[dict]:
     """Per culprit GPU found in the samples: host, gpu, uuid, ranks, sample counts, the medians of
     clock, temperature and power, its signals (``fault`` ones) and its context reasons."""
     by_key: dict[str, list[dict]] = {}
-    for r in found.table.to_dict("records"):
+    for r in found.rows():
         by_key.setdefault(r["key"], []).append(r)
+    g = found.gpus
+    mine = [dict(zip(g.columns, r, strict=True)) for r in zip(*(g[c].tolist() for c in g.columns), strict=True)]
     out = []
-    for g in sorted(found.gpus.to_dict("records"), key=lambda g: (str(g["host"]), int(g["gpu"]))):
+    for g in sorted(mine, key=lambda g: (str(g["host"]), int(g["gpu"]))):
         host, gpu, uuid = str(g["host"]), int(g["gpu"]), str(g["uuid"])
         rows = by_key.get(g["key"], [])
         levels = {r["signal"]: {"before": _r(r[BEFORE], 1), "after": _r(r[AFTER], 1), "peers": _r(r["peers"], 1)}

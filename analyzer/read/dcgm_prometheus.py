@@ -50,6 +50,11 @@ _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MAX_LABELS = 64
 #: Hosts asked for in one query: 24 hosts of 8 GPUs x 12 metrics x 240 points is ~7 MB of JSON.
 HOSTS_PER_QUERY = 24
+#: The finest step asked for: the scrape interval of NVIDIA's Prometheus set-up for dcgm-exporter (30 s).
+#: A step finer than the scrape interval only repeats samples (Prometheus answers each step with the
+#: newest sample of the last 5 minutes) and doubles the points to decode and compare; where a site
+#: scrapes every 15 s it leaves out every other sample, which medians and shares over minutes do not need.
+MIN_STEP_S = 30
 _MAX_TEXT = 1024
 
 
@@ -102,7 +107,7 @@ class DcgmPrometheus:
     def _query(self, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
         if not self.names(hosts):
             return empty()
-        step = max(15, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
+        step = max(MIN_STEP_S, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
         try:
             body = bounded_get(f"{self.url}/api/v1/query_range",
                                {"query": self.query(hosts), "start": f"{start_ms / 1000:.3f}",
@@ -113,10 +118,12 @@ class DcgmPrometheus:
         return self.parse(body, HostIndex(hosts, self.host_map))
 
     def parse(self, body: bytes, idx: HostIndex) -> pd.DataFrame:
-        """The samples of an answer to :meth:`query`, for the job's hosts of ``idx`` (one frame built
-        at the end from per-series arrays: thousands of series a query)."""
+        """The samples of an answer to :meth:`query`, for the job's hosts of ``idx``: per series its
+        labels once and its points as arrays; of duplicate series of one GPU and metric the one with
+        the most points; one frame at the end, its text columns categories (thousands of series a
+        query, hundreds of thousands of points: nothing is done per point in Python)."""
         result = _matrix(body, self.url)
-        labels_of, times, values = [], [], []
+        meta, points, where = [], [], []
         for i, series in enumerate(result):
             labels, vals = _series(series, f"{self.url}: series {i}")
             host = idx.job_host(labels.get(self.host_label, "").rsplit(":", 1)[0]
@@ -124,31 +131,38 @@ class DcgmPrometheus:
             name = labels.get("__name__", "")
             if host is None or name not in METRICS or not len(vals):
                 continue
-            v = vals[:, 1]
+            bit = 0   # a clock-event count stands for its reason's bit while it counts
             if name == CLOCK_EVENTS_COUNT:
                 bit = gh.CLOCK_EVENT_BITS.get(gh.EXPORTER_CLOCK_EVENTS.get(labels.get("clock_event", ""), ""))
                 if bit is None:
                     continue
-                v = np.where(v > 0, float(bit), np.where(np.isfinite(v), 0.0, np.nan))
-            labels_of.append((host, labels.get("gpu", "-1"), labels.get("UUID", labels.get("uuid", "")),
-                              METRICS[name], f"{name}/{labels.get('clock_event', '')}", len(vals), i))
-            times.append(vals[:, 0] * 1000.0)
-            values.append(v)
-        if not labels_of:
+            meta.append((host, _gpu_index(labels.get("gpu", "")), labels.get("UUID", labels.get("uuid", "")),
+                         METRICS[name], f"{name}/{labels.get('clock_event', '')}", len(vals), len(points), bit))
+            points.append(vals)
+            where.append(f"{self.url}: series {i}")
+        if not meta:
             return empty()
-        n = np.array([len(t) for t in times])
-        cols = list(zip(*labels_of, strict=True))
-        frame = pd.DataFrame({k: np.repeat(np.array(c, dtype=object), n) for k, c in
-                              zip(["host", "gpu", "uuid", "signal", "_series", "_n", "_i"], cols, strict=True)})
-        frame["time"], frame["value"] = np.concatenate(times), np.concatenate(values)
-        return clean(_one_series_each(frame))
+        m = pd.DataFrame(meta, columns=["host", "gpu", "uuid", "signal", "series", "n", "i", "bit"])
+        m = m.sort_values(["n", "i"], ascending=[False, True]).drop_duplicates(["host", "gpu", "series"]).sort_values("i")
+        n = m["n"].to_numpy()
+        tv = _numbers([points[i] for i in m["i"]], [where[i] for i in m["i"]])
+        bit = np.repeat(m["bit"].to_numpy(dtype=float), n)
+        v = np.where(bit > 0, np.where(tv[:, 1] > 0, bit, np.where(np.isfinite(tv[:, 1]), 0.0, np.nan)), tv[:, 1])
+        frame = pd.DataFrame({c: _repeated(m[c], n) for c in ("host", "uuid", "signal")})
+        frame.insert(1, "gpu", np.repeat(m["gpu"].to_numpy(dtype=np.int64), n))
+        frame["time"], frame["value"] = tv[:, 0] * 1000.0, v
+        return clean(frame)
 
 
-def _one_series_each(frame: pd.DataFrame) -> pd.DataFrame:
-    """Of duplicate series of one GPU and metric, the one with the most samples."""
-    keys = frame[["host", "gpu", "_series", "_n", "_i"]].drop_duplicates()
-    best = keys.sort_values(["_n", "_i"], ascending=[False, True]).drop_duplicates(["host", "gpu", "_series"])
-    return frame[frame["_i"].isin(best["_i"].to_numpy())]
+def _gpu_index(label: str) -> int:
+    """The ``gpu`` label as a device index (-1 where it is none)."""
+    return int(label) if label.isdigit() and len(label) < 6 else -1
+
+
+def _repeated(column: pd.Series, n: np.ndarray) -> pd.Categorical:
+    """Each series' label repeated for its points, as a category (no string per point)."""
+    codes, names = pd.factorize(column)
+    return pd.Categorical.from_codes(np.repeat(codes, n), categories=pd.Index(names, dtype=object))
 
 
 def _matrix(body: bytes, url: str) -> list:
@@ -167,7 +181,8 @@ def _matrix(body: bytes, url: str) -> list:
 
 
 def _series(s: object, where: str) -> tuple[dict[str, str], np.ndarray]:
-    """(labels, [[t, v], ...]) of one series; a malformed one is refused naming it."""
+    """(labels, its ``[[t, v], ...]`` as an object array, converted later with every series'); a
+    malformed one is refused naming it."""
     metric = s.get("metric") if isinstance(s, dict) else None
     if not isinstance(metric, dict) or len(metric) > _MAX_LABELS or not all(
             isinstance(k, str) and isinstance(v, str) and len(k) <= 128 and len(v) <= _MAX_TEXT
@@ -177,7 +192,23 @@ def _series(s: object, where: str) -> tuple[dict[str, str], np.ndarray]:
     if not isinstance(values, list):
         raise SourceUnavailable(f"{where}: 'values' is not a list")
     try:
-        arr = np.array([(float(t), float(v)) for t, v in values], dtype=float).reshape(-1, 2)
+        arr = np.array(values, dtype=object)
+    except ValueError:
+        arr = None
+    if arr is None or (len(values) and (arr.ndim != 2 or arr.shape[1] != 2)):
+        raise SourceUnavailable(f"{where}: 'values' is not a list of [time, \"value\"] pairs")
+    return metric, arr.reshape(-1, 2)
+
+
+def _numbers(points: list[np.ndarray], where: list[str]) -> np.ndarray:
+    """Every series' points as floats at once (one conversion a query, not one a point in Python);
+    a series whose time or value is no number is refused naming it."""
+    try:
+        return np.concatenate(points).astype(float)
     except (TypeError, ValueError):
-        raise SourceUnavailable(f"{where}: 'values' is not a list of [time, \"value\"] pairs") from None
-    return metric, arr
+        for p, w in zip(points, where, strict=True):
+            try:
+                p.astype(float)
+            except (TypeError, ValueError):
+                raise SourceUnavailable(f"{w}: 'values' is not a list of [time, \"value\"] pairs") from None
+        raise

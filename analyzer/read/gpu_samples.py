@@ -59,9 +59,11 @@ def clean(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.loc[ok, COLUMNS].copy()
     out["time"] = t[ok].astype(np.int64)
     out["value"] = v[ok]
-    out["gpu"] = pd.to_numeric(out["gpu"], errors="coerce").fillna(-1).astype(np.int64)
-    out["uuid"] = out["uuid"].fillna("").astype(str)
-    reasons = out["signal"].to_numpy() == REASONS
+    if out["gpu"].dtype != np.int64:
+        out["gpu"] = pd.to_numeric(out["gpu"], errors="coerce").fillna(-1).astype(np.int64)
+    if not isinstance(out["uuid"].dtype, pd.CategoricalDtype):   # a source's categories hold no NaN
+        out["uuid"] = out["uuid"].fillna("").astype(str)
+    reasons = (out["signal"] == REASONS).to_numpy()
     if reasons.any():   # a bitmask is an integer
         out.loc[reasons, "value"] = np.floor(out.loc[reasons, "value"].to_numpy())
     return out.reset_index(drop=True)

@@ -33,8 +33,21 @@ LEVELS = list(gh.LEVELS)
 COUNTERS = list(gh.COUNTERS)
 
 
+class ByGpu:
+    """Samples sorted by GPU: ``span(keys)`` is where the samples of ``keys`` lie, without a mask
+    over every sample of the query."""
+
+    key: np.ndarray
+
+    def span(self, keys: np.ndarray) -> np.ndarray:
+        """The positions of the samples of ``keys`` (GPU numbers), GPU by GPU."""
+        lo = np.searchsorted(self.key, keys, side="left")
+        n = np.searchsorted(self.key, keys, side="right") - lo
+        return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+
+
 @dataclass(frozen=True)
-class Events:
+class Events(ByGpu):
     """Per GPU and sample time: which reasons were set (``bits``, samples x reasons)."""
 
     key: np.ndarray
@@ -43,7 +56,7 @@ class Events:
 
 
 @dataclass(frozen=True)
-class Values:
+class Values(ByGpu):
     """Samples of the level signals (``signal`` indexes :data:`LEVELS`), in order of GPU, signal
     and value."""
 
@@ -54,7 +67,7 @@ class Values:
 
 
 @dataclass(frozen=True)
-class Increments:
+class Increments(ByGpu):
     """Counter samples with the increase and seconds since the GPU's previous one (``signal`` indexes
     :data:`COUNTERS`; a series' first sample has none and is left out)."""
 
@@ -79,20 +92,47 @@ class GpuSeries:
     counters: Increments
     errors: pd.DataFrame
 
+    def __post_init__(self) -> None:   # the columns as arrays: asked for by every incident
+        for c in ("key", "host", "uuid"):
+            object.__setattr__(self, f"_{c}", self.gpus[c].to_numpy(dtype=object))
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self._key
+
+    def of_hosts(self, hosts: set[str]) -> np.ndarray:
+        """Whether each GPU is on one of ``hosts``."""
+        return np.isin(self._host, list(hosts))
+
+    def named(self, culprits: pd.DataFrame) -> np.ndarray:
+        """Whether each GPU is one of ``culprits`` (host, gpu, uuid; gpu -1: every GPU of the host):
+        by UUID where both sides know it, else by host and index."""
+        uuids = [str(u) for u in culprits["uuid"] if str(u)]
+        pairs = [f"{h}/{i}" for h, i in zip(culprits["host"], culprits["gpu"], strict=True)]
+        whole = [str(h) for h, i in zip(culprits["host"], culprits["gpu"], strict=True) if i < 0]
+        return np.isin(self._uuid, uuids) | np.isin(self._key, pairs) | np.isin(self._host, whole)
+
+
+def _codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A text column's integer codes and their texts (a source's categories are taken as they are)."""
+    cat = column if isinstance(column.dtype, pd.CategoricalDtype) else column.astype("category")
+    return cat.cat.codes.to_numpy().astype(np.int64), np.asarray(cat.cat.categories, dtype=object).astype(str)
+
 
 def _gpus(samples: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """One row per GPU (host/gpu, in text order) and each sample's number of it."""
-    text = samples["host"].astype(str) + "/" + samples["gpu"].astype(str)
-    codes, names = pd.factorize(text, sort=True)
+    """One row per GPU (host and index) and each sample's number of it."""
+    host, hosts = _codes(samples["host"])
+    gpu = samples["gpu"].to_numpy(dtype=np.int64)
+    codes, pairs = pd.factorize(host * (int(gpu.max(initial=0)) + 2) + gpu + 1)
     _, first = np.unique(codes, return_index=True)
-    uuid = samples["uuid"].astype(str).to_numpy()
-    known = np.flatnonzero(uuid != "")
-    by_code = np.full(len(names), "", dtype=object)
+    uuid, uuids = _codes(samples["uuid"])
+    known = np.flatnonzero((uuid >= 0) & (uuids[np.maximum(uuid, 0)] != "")) if len(uuids) else np.zeros(0, np.int64)
+    by_code = np.full(len(pairs), "", dtype=object)
     found, at = np.unique(codes[known], return_index=True)
-    by_code[found] = uuid[known[at]]
-    gpus = pd.DataFrame({"key": np.asarray(names, dtype=object), "host": samples["host"].astype(str).to_numpy()[first],
-                         "gpu": samples["gpu"].to_numpy(dtype=np.int64)[first], "uuid": by_code})
-    return gpus, codes.astype(np.int64)
+    by_code[found] = uuids[uuid[known[at]]]
+    host_of, gpu_of = hosts[host[first]], gpu[first]
+    key = np.array([f"{h}/{g}" for h, g in zip(host_of, gpu_of, strict=True)], dtype=object)
+    return pd.DataFrame({"key": key, "host": host_of, "gpu": gpu_of, "uuid": by_code}), codes.astype(np.int64)
 
 
 def _runs(key: np.ndarray, time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -124,11 +164,15 @@ def _increments(key: np.ndarray, signal: np.ndarray, time: np.ndarray, value: np
 
 def prepare(samples: pd.DataFrame) -> GpuSeries:
     """``samples`` (the sources' long frame) laid out for :func:`analyzer.score.gpu_signals.compare`."""
-    s = samples.drop_duplicates(["host", "gpu", "signal", "time", "value"]).reset_index(drop=True)
-    gpus, key = _gpus(s)
-    sig = s["signal"].astype(str).to_numpy()
-    time = s["time"].to_numpy(dtype=np.int64)
-    value = s["value"].to_numpy(dtype=float)
+    gpus, key = _gpus(samples)
+    code, names = _codes(samples["signal"])
+    time = samples["time"].to_numpy(dtype=np.int64)
+    value = samples["value"].to_numpy(dtype=float)
+    # one sample of each GPU, signal, time and value (a source that answers a series twice)
+    order = np.lexsort((value, time, code, key))
+    k, c, t, v = key[order], code[order], time[order], value[order]
+    first = np.r_[True, (k[1:] != k[:-1]) | (c[1:] != c[:-1]) | (t[1:] != t[:-1]) | (v[1:] != v[:-1])][: len(k)]
+    key, time, value, sig = k[first], t[first], v[first], names[c[first]] if len(names) else c[first].astype(object)
     order, starts = _runs(key, time)
     seen = Values(key[order][starts], np.zeros(len(starts), np.int64), time[order][starts], np.zeros(len(starts)))
     r = sig == gh.REASONS

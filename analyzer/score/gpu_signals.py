@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.score.gpu_series import COUNTERS, LEVELS, REASON_NAMES, GpuSeries
+from analyzer.score.gpu_series import COUNTERS, LEVELS, REASON_NAMES, ByGpu, GpuSeries
 from rankscope import gpu_health as gh
 
 BEFORE, AFTER = "before", "after"
@@ -57,11 +57,21 @@ class SignalRules:
 class Comparison:
     """What :func:`compare` found: ``table`` (per culprit GPU and signal), ``gpus`` (the culprit GPUs
     with samples in the window: ``key``, ``host``, ``gpu``, ``uuid``, and how many sample times
-    ``before`` and ``after``) and ``peer_gpus`` (the peer GPUs with samples in the window)."""
+    ``before`` and ``after``) and ``peer_gpus`` (the peer GPUs with samples in the window); the
+    table is kept as ``columns`` (arrays) and made a frame only when asked for."""
 
-    table: pd.DataFrame
+    columns: dict[str, np.ndarray]
     gpus: pd.DataFrame
     peer_gpus: int
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.columns)
+
+    def rows(self) -> list[dict]:
+        """The table's rows as records (without building the frame: one incident's few hundred)."""
+        names = list(self.columns)
+        return [dict(zip(names, r, strict=True)) for r in zip(*(self.columns[c].tolist() for c in names), strict=True)]
 
 
 @dataclass(frozen=True)
@@ -73,23 +83,19 @@ class _Window:
     lo: int
     hi: int
 
-    def take(self, key: np.ndarray, time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Which samples lie in the window on a compared GPU, and their phase (1: after)."""
-        m = (time >= self.lo) & (time <= self.hi) & (self.role[key] >= 0)
-        return m, (time[m] >= self.onset).astype(np.int64)
+    def take(self, samples: ByGpu, time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The positions of the samples in the window on a compared GPU, and their phase (1: after)."""
+        at = samples.span(np.flatnonzero(self.role >= 0))
+        t = time[at]
+        inside = (t >= self.lo) & (t <= self.hi)
+        return at[inside], (t[inside] >= self.onset).astype(np.int64)
 
 
 def roles(series: GpuSeries, culprits: pd.DataFrame, hosts: set[str] | None = None) -> np.ndarray:
-    """Per GPU of ``series``: 1 for one of ``culprits`` (host, gpu, uuid; gpu -1: every GPU of the
-    host; by UUID where both sides know it, else by host and index), 0 for a peer on ``hosts``
-    (default: every other GPU), -1 for a GPU not compared."""
-    g = series.gpus
-    uuids = {str(u) for u in culprits["uuid"] if str(u)}
-    by_index = {f"{h}/{i}" for h, i in zip(culprits["host"], culprits["gpu"], strict=True)}
-    whole = {str(h) for h, i in zip(culprits["host"], culprits["gpu"], strict=True) if i < 0}
-    hit = np.fromiter((u in uuids or k in by_index or h in whole
-                       for u, k, h in zip(g["uuid"], g["key"], g["host"], strict=True)), bool, len(g))
-    inside = np.ones(len(g), bool) if hosts is None else np.fromiter((h in hosts for h in g["host"]), bool, len(g))
+    """Per GPU of ``series``: 1 for one of ``culprits`` (:meth:`GpuSeries.named`), 0 for a peer on
+    ``hosts`` (default: every other GPU), -1 for a GPU not compared."""
+    hit = series.named(culprits)
+    inside = np.ones(len(hit), bool) if hosts is None else series.of_hosts(hosts)
     return np.where(hit, 1, np.where(inside, 0, -1)).astype(np.int64)
 
 
@@ -126,20 +132,20 @@ def _peer_ref(stat: np.ndarray, n: np.ndarray, peers: np.ndarray, pooled: bool) 
 
 
 def _by_phase(series: GpuSeries, win: _Window, stat: np.ndarray, n: np.ndarray, names: list[str], kind: str,
-              rules: SignalRules, pooled: bool = False) -> pd.DataFrame:
+              rules: SignalRules, pooled: bool = False) -> dict[str, np.ndarray]:
     """Culprit rows (key, signal) with ``before``/``after`` (NaN with too few samples), the peers'
-    reference and count. ``stat``/``n``: ``[gpu, signal, phase]``."""
+    reference and count, as columns. ``stat``/``n``: ``[gpu, signal, phase]``."""
     val = np.where(n >= rules.min_samples, stat, np.nan)
     ref, count = _peer_ref(val[:, :, 1], n[:, :, 1], win.role == 0, pooled)
     c, j = np.nonzero((win.role == 1)[:, None] & np.isfinite(val).any(axis=2))
-    return pd.DataFrame({"key": series.gpus["key"].to_numpy()[c], "signal": np.asarray(names, dtype=object)[j],
-                         BEFORE: val[c, j, 0], AFTER: val[c, j, 1], "peers": ref[j],
-                         "peer_gpus": count[j].astype(int), "kind": kind})
+    return {"key": series.keys[c], "signal": np.asarray(names, dtype=object)[j],
+            BEFORE: val[c, j, 0], AFTER: val[c, j, 1], "peers": ref[j], "peer_gpus": count[j].astype(int),
+            "kind": np.full(len(c), kind, dtype=object)}
 
 
-def _event_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> pd.DataFrame:
+def _event_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> dict[str, np.ndarray]:
     ev, k = series.events, len(series.gpus)
-    m, phase = win.take(ev.key, ev.time)
+    m, phase = win.take(ev, ev.time)
     g = ev.key[m] * 2 + phase
     n = _sums(g, 2 * k).reshape(k, 1, 2)
     bits = ev.bits[m]
@@ -149,18 +155,18 @@ def _event_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> pd.DataF
     return _by_phase(series, win, share, n, REASON_NAMES, "event", rules, pooled=True)
 
 
-def _level_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> pd.DataFrame:
+def _level_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> dict[str, np.ndarray]:
     lv, k, s = series.levels, len(series.gpus), len(LEVELS)
-    m, phase = win.take(lv.key, lv.time)
+    m, phase = win.take(lv, lv.time)
     g = (lv.key[m] * s + lv.signal[m]) * 2 + phase
     shape = (k, s, 2)
     return _by_phase(series, win, _medians(g, lv.value[m], k * s * 2).reshape(shape),
                      _sums(g, k * s * 2).reshape(shape), LEVELS, "level", rules)
 
 
-def _rate_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> pd.DataFrame:
+def _rate_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> dict[str, np.ndarray]:
     ct, k, s = series.counters, len(series.gpus), len(COUNTERS)
-    m, phase = win.take(ct.key, ct.time)
+    m, phase = win.take(ct, ct.time)
     g = (ct.key[m] * s + ct.signal[m]) * 2 + phase
     shape = (k, s, 2)
     inc, dt = _sums(g, k * s * 2, ct.inc[m]).reshape(shape), _sums(g, k * s * 2, ct.dt[m]).reshape(shape)
@@ -176,12 +182,12 @@ def _error_rows(series: GpuSeries, win: _Window, peers_after: int, rules: Signal
     ``before`` (the same before; an XID counts only with a code not seen before), ``peers`` (the
     share of the ``peers_after`` peer GPUs showing it after), ``codes`` (the new XID codes), ``fault``."""
     e = series.errors
-    key = e["key"].to_numpy()
-    m, phase = win.take(key, e["time"].to_numpy())
-    role = win.role[key[m]]
+    key, t = e["key"].to_numpy(), e["time"].to_numpy()
+    m = np.flatnonzero((t >= win.lo) & (t <= win.hi) & (win.role[key] >= 0))   # few: errors are rare
+    role, phase = win.role[key[m]], (t[m] >= win.onset).astype(np.int64)
     if not ((role == 1) & (phase == 1)).any():
         return pd.DataFrame()
-    seen = e[m].assign(role=role, after=phase == 1)
+    seen = e.iloc[m].assign(role=role, after=phase == 1)
     culprit = seen[seen["role"] == 1]
     after, before = culprit[culprit["after"]], culprit[~culprit["after"]]
     out = after.groupby(["key", "signal"]).agg(after=("value", "size")).reset_index()
@@ -196,16 +202,16 @@ def _error_rows(series: GpuSeries, win: _Window, peers_after: int, rules: Signal
     out["peer_gpus"] = peers_after
     new_here = np.where(out["signal"] == gh.XID, out["codes"].map(len) > 0, out["before"] == 0)
     out["fault"] = new_here & ~(out["peers"].fillna(0) >= rules.peer_share)
-    out["key"] = series.gpus["key"].to_numpy()[out["key"].to_numpy()]
+    out["key"] = series.keys[out["key"].to_numpy()]
     return out.assign(kind="error", context=False)
 
 
-def _faults(out: pd.DataFrame, rules: SignalRules, signals: tuple[str, ...]) -> pd.DataFrame:
+def _faults(out: dict[str, np.ndarray], rules: SignalRules, signals: tuple[str, ...]) -> dict[str, np.ndarray]:
     """``out`` with ``fault`` (the signal sets the GPU apart from its baseline and its peers; only
     for ``signals``) and ``context`` (a reason it shows as its peers or its past do)."""
-    b, a, p = (out[c].to_numpy(dtype=float) for c in (BEFORE, AFTER, "peers"))
+    b, a, p = (np.asarray(out[c], dtype=float) for c in (BEFORE, AFTER, "peers"))
     hi, lo = np.fmax(b, p), np.fmin(b, p)   # NaN-aware: the comparison there is
-    sig = out["signal"].to_numpy()
+    sig = out["signal"]
     with np.errstate(invalid="ignore"):
         fault = np.select(
             [np.isin(sig, FAULT_REASONS), sig == gh.SM_CLOCK, sig == gh.TEMPERATURE, sig == gh.POWER,
@@ -214,15 +220,17 @@ def _faults(out: pd.DataFrame, rules: SignalRules, signals: tuple[str, ...]) -> 
              a <= (1 - rules.power_change) * lo, a >= np.maximum(rules.min_rate, rules.rate_ratio * hi),
              (lo > 0) & (a <= (1 - rules.nvlink_drop) * lo)], default=False)
         fault &= np.isfinite(a) & np.isfinite(hi) & np.isin(sig, signals)
-        context = (out["kind"].to_numpy() == "event") & ~fault & (a >= 0.1)
-    return out.assign(fault=fault, context=context, codes=[[] for _ in range(len(out))])
+        context = (out["kind"] == "event") & ~fault & (a >= 0.1)
+    codes = np.empty(len(sig), dtype=object)
+    codes[:] = [[] for _ in range(len(sig))]
+    return {**out, "fault": fault, "context": context, "codes": codes}
 
 
 def _present(series: GpuSeries, win: _Window) -> tuple[pd.DataFrame, int, int]:
     """The culprit GPUs with samples in the window and their sample times per phase; how many
     peer GPUs have samples in the window, and after the onset."""
     seen, k = series.seen, len(series.gpus)
-    m, phase = win.take(seen.key, seen.time)
+    m, phase = win.take(seen, seen.time)
     n = _sums(seen.key[m] * 2 + phase, 2 * k).reshape(k, 2).astype(int)
     here = n.sum(axis=1) > 0
     mine = np.flatnonzero(here & (win.role == 1))
@@ -239,13 +247,11 @@ def compare(series: GpuSeries, culprits: pd.DataFrame, onset_ms: int, before_ms:
     ``peers``, ``peer_gpus``, ``fault`` (only for ``signals``, what the incident's class is checked
     against, and the errors), ``context``, ``codes`` (new XID codes)."""
     win = _Window(roles(series, culprits, hosts), int(onset_ms), int(onset_ms - before_ms), int(onset_ms + after_ms))
-    parts = [p for p in (_event_rows(series, win, rules), _level_rows(series, win, rules),
-                         _rate_rows(series, win, rules)) if len(p)]
-    out = _faults(pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        columns=["key", "signal", BEFORE, AFTER, "peers", "peer_gpus", "kind"]), rules, signals)
+    parts = [_event_rows(series, win, rules), _level_rows(series, win, rules), _rate_rows(series, win, rules)]
+    out = _faults({c: np.concatenate([p[c] for p in parts]) for c in parts[0]}, rules, signals)
     gpus, peer_gpus, peers_after = _present(series, win)
     err = _error_rows(series, win, peers_after, rules)
     if len(err):
-        out = pd.concat([out, err], ignore_index=True)
-    table = out.sort_values(["key", "signal"], kind="stable").reset_index(drop=True)
-    return Comparison(table=table, gpus=gpus, peer_gpus=peer_gpus)
+        out = {c: np.concatenate([out[c], err[c].to_numpy()]) for c in out}
+    order = sorted(range(len(out["key"])), key=lambda i: (out["key"][i], out["signal"][i]))
+    return Comparison(columns={c: v[order] for c, v in out.items()}, gpus=gpus, peer_gpus=peer_gpus)
