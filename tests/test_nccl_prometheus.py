@@ -81,7 +81,8 @@ def test_node_exporter_prometheus_import_analyze(run, influx_store, tmp_path):
         follower = subprocess.Popen(   # --follow: polls the Prometheus while the job runs
             [str(RANKSCOPE), "import-nccl", "--prometheus", prom.url, "--since", "10m", "--follow", "--interval",
              "0.5", "--job", "followed", *ipf.LAYOUT, "--store", influx_store.url, "--bucket", influx_store.bucket],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "RANKSCOPE_INFLUX_API": "v1"})
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "RANKSCOPE_INFLUX_API": "v1", "PYTHONFAULTHANDLER": "1"})
         written, early = 0, None
         for k in range(DUMPS):   # each dump scraped before the next overwrites it
             written += ipf.write_snapshot(run, dirs, k)
@@ -130,7 +131,13 @@ def _follower_wrote_each_dump_once(follower: subprocess.Popen, influx_store: Sto
     each dump once every rank had dumped past it (``early``: what it had written half-way)."""
     time.sleep(1.5)
     follower.send_signal(signal.SIGINT)
-    out, err = follower.communicate(timeout=60)
+    try:
+        out, err = follower.communicate(timeout=60)
+    except subprocess.TimeoutExpired:   # once seen on a loaded machine: say where it was
+        follower.send_signal(signal.SIGABRT)   # PYTHONFAULTHANDLER: every thread's stack on stderr
+        out, err = follower.communicate(timeout=15)
+        raise AssertionError(f"the follower did not stop within 60 s of Ctrl-C; its output:\n{out[-1500:]}\n"
+                             f"where it was:\n{err[-4000:]}") from None
     assert follower.returncode == 0, err
     assert out.startswith("wrote ") and out.rstrip().endswith(f"{16 * DUMPS} point(s) written"), out
     assert early is not None and len(early) < 16 * DUMPS
