@@ -13,6 +13,7 @@ import pandas as pd
 
 from collector import nccl_import as ni
 from collector import nccl_prom_cli as prom
+from collector.stop_signals import StopSignals
 from collector.untrusted.bounded_read import DEFAULT_LIMIT, FileLimit, add_limit_option
 from collector.untrusted.clear_errors import clear_errors
 from collector.untrusted.folder_files import files_in
@@ -251,15 +252,13 @@ def follow(args: argparse.Namespace) -> int:
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     with open_store(args.store, args.bucket) as store:
         writes = _Writes(args, tail, store)
-        try:
-            while True:
+        with StopSignals() as stop:   # Ctrl-C or SIGTERM: this turn ends, then the last read
+            while not stop.is_set():
                 tail.poll()
                 writes.step(final=False)
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                time.sleep(args.interval)
-        except KeyboardInterrupt:
-            pass
+                stop.wait(args.interval)
         tail.poll()
         writes.step(final=True)
     print(f"followed {len(tail.pos)} file(s): {writes.total} point(s) written", file=sys.stdout)

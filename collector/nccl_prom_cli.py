@@ -31,6 +31,7 @@ from collector.nccl_import.prom_text import (
 from collector.nccl_import.records import NcclError
 from collector.nccl_import.rows import NcclImport
 from collector.nccl_import.snapshots import snapshot_frame
+from collector.stop_signals import StopSignals
 from collector.untrusted.bounded_read import MB, FileLimit
 from rankscope.store import Store
 from rankscope.times import parse_time
@@ -239,7 +240,8 @@ class _Writes:
 
 
 def follow(args: argparse.Namespace, gather: Gather, topology: Topo, summary: Summary) -> bool:
-    """Poll every ``--interval`` seconds until Ctrl-C or ``--max-seconds``; whether anything was refused."""
+    """Poll every ``--interval`` seconds until Ctrl-C (or SIGTERM) or ``--max-seconds``; whether anything
+    was refused."""
     from rankscope.store import open_store
 
     if args.until:
@@ -247,15 +249,13 @@ def follow(args: argparse.Namespace, gather: Gather, topology: Topo, summary: Su
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     with open_store(args.store, args.bucket) as store:
         writes = _Writes(args, gather, topology, summary, store)
-        try:
-            while True:
+        with StopSignals() as stop:   # Ctrl-C or SIGTERM: this turn ends, then the last read
+            while not stop.is_set():
                 gather.poll(quiet_empty=True)
                 writes.step(final=False)
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                time.sleep(args.interval)
-        except KeyboardInterrupt:
-            pass
+                stop.wait(args.interval)
         gather.poll(quiet_empty=True)
         writes.step(final=True)
     print(f"followed {'Prometheus ' + args.prometheus if args.prometheus else 'Inspector Prometheus files'}: "

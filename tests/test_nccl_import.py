@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import pickle
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,6 +177,30 @@ def test_follow_picks_up_appended_records(slow_recs, tmp_path):
     assert 0 < len(early) < 240 and early["iteration"].max() < 15
     with EmbeddedStore(store) as s:
         pts = s.read_stage_latency("f")
+    assert len(pts) == 240 and not pts.duplicated(["rank", "iteration"]).any()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_follow_stops_on_sigterm_or_ctrl_c_after_its_last_read(slow_recs, tmp_path, stop):
+    """docker stop (SIGTERM) or Ctrl-C ends the follower at its next turn: a last read, every point
+    written once, exit 0 (a flag the handler sets, not an exception that a library may swallow)."""
+    nr.inspector_files(slow_recs, tmp_path / "insp")
+    store = tmp_path / "s.db"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("rankscope")), "import-nccl", str(tmp_path / "insp"),
+                             "--job", "t", "--store", str(store), "--follow", "--interval", "0.2", *LAYOUT],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "wrote " not in (proc.stdout.readline() if proc.poll() is None else "x wrote "):
+            assert time.monotonic() < deadline, "the follower wrote nothing in 60 s"
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.rstrip().endswith("240 point(s) written"), out
+    with EmbeddedStore(store) as s:
+        pts = s.read_stage_latency("t")
     assert len(pts) == 240 and not pts.duplicated(["rank", "iteration"]).any()
 
 
