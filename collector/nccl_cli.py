@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8, or the world if smaller)")
     p.add_argument("--follow", action="store_true",
                    help="keep reading growing Inspector logs and write each iteration once every rank "
-                        "finished it, until Ctrl-C (or --max-seconds)")
+                        "finished it, until Ctrl-C or SIGTERM (or --max-seconds)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads with --follow (default 1)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop following after this long")
     add_limit_option(p)
