@@ -93,3 +93,43 @@ def test_no_samples_and_no_culprit_samples_give_empty_answers():
     assert len(empty.table) == 0 and len(empty.gpus) == 0 and empty.peer_gpus == 0
     other = compare(prepare(_frame()), _culprit("h9"), ONSET, 40 * MIN, 15 * MIN, SignalRules(), COMPUTE_SIGNALS)
     assert len(other.table) == 0 and other.peer_gpus == 8
+
+
+def test_gpus_without_an_index_are_told_apart_by_uuid():
+    """A source that knows no index (Telegraf without ``index``, a rank with no ``gpu``) keeps a
+    host's GPUs apart by UUID: the culprit is found by it and the host's other GPUs are peers."""
+    f = _frame(hosts=1, gpus=3)
+    f["gpu"] = -1
+    found = compare(prepare(f), _culprit("h0", 7, "GPU-0-1"), ONSET, 40 * MIN, 15 * MIN, SignalRules(), COMPUTE_SIGNALS)
+    assert found.gpus["uuid"].tolist() == ["GPU-0-1"] and found.peer_gpus == 2
+    assert found.table.set_index("signal").loc[gh.SM_CLOCK, "fault"]
+
+
+def test_an_increase_that_began_before_the_window_is_not_the_windows():
+    """A double-bit ECC count that grew somewhere in a gap reaching back before the window is no
+    error after the onset (it may have grown in the baseline or before it), nor part of a rate."""
+    t = np.r_[np.arange(0, 6) * MIN, np.arange(61, 76) * MIN]
+    rows = [pd.DataFrame({"host": f"h{h}", "gpu": 0, "uuid": "", "signal": gh.ECC_DBE, "time": t,
+                          "value": np.where((t >= 61 * MIN) & (h == 0), 1.0, 0.0)}) for h in range(3)]
+    s = prepare(pd.concat(rows, ignore_index=True))
+    found = compare(s, _culprit("h0", 0), 60 * MIN, 40 * MIN, 15 * MIN, SignalRules(), COMPUTE_SIGNALS)
+    assert not (found.table["kind"] == "error").any()
+    # the same growth between two samples inside the window is an error after the onset
+    t2 = np.arange(15, 76) * MIN
+    rows = [pd.DataFrame({"host": f"h{h}", "gpu": 0, "uuid": "", "signal": gh.ECC_DBE, "time": t2,
+                          "value": np.where((t2 >= 61 * MIN) & (h == 0), 1.0, 0.0)}) for h in range(3)]
+    found = compare(prepare(pd.concat(rows, ignore_index=True)), _culprit("h0", 0), 60 * MIN, 40 * MIN, 15 * MIN,
+                    SignalRules(), COMPUTE_SIGNALS)
+    err = found.table[found.table["kind"] == "error"]
+    assert err["signal"].tolist() == [gh.ECC_DBE] and bool(err["fault"].iloc[0])
+
+
+def test_shuffled_samples_and_unequal_counts_give_the_same_numbers():
+    f = _frame()
+    f = f.drop(f[(f["host"] == "h3") & (f["time"] % (2 * MIN) == 0)].index)   # h3 sampled half as often
+    a = compare(prepare(f), _culprit(), ONSET, 40 * MIN, 15 * MIN, SignalRules(), COMPUTE_SIGNALS)
+    b = compare(prepare(f.sample(frac=1.0, random_state=3)), _culprit(), ONSET, 40 * MIN, 15 * MIN, SignalRules(),
+                COMPUTE_SIGNALS)
+    pd.testing.assert_frame_equal(a.table, b.table)
+    cap = a.table.set_index("signal").loc["sw_power_cap"]
+    assert cap["peers"] == 1.0   # pooled over every peer sample, whatever each GPU's count

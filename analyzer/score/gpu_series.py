@@ -76,6 +76,7 @@ class Increments(ByGpu):
     time: np.ndarray
     inc: np.ndarray
     dt: np.ndarray
+    since: np.ndarray   # the previous sample's time: an increase counts in a window it began in
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class GpuSeries:
     """A query's samples, per kind, as columns over samples; ``gpus`` (one row per ``key``: ``key``
     text, ``host``, ``gpu``, ``uuid``) names the numbers; ``seen`` holds each GPU's distinct sample
     times (``key``, ``time``); ``errors`` the samples that show an error (``key``, ``signal``,
-    ``time``, ``value``: the XID code, 1 for a remap failure, the growth of a memory-error count)."""
+    ``time``, ``since``: when the growth began, ``value``: the XID code, 1 for a remap failure, the
+    growth of a memory-error count)."""
 
     gpus: pd.DataFrame
     seen: Values
@@ -120,18 +122,25 @@ def _codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _gpus(samples: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """One row per GPU (host and index) and each sample's number of it."""
+    """One row per GPU and each sample's number of it: a GPU is its host and index, or, where the
+    source knows no index (-1), its host and UUID (a host's GPUs never merge into one)."""
     host, hosts = _codes(samples["host"])
     gpu = samples["gpu"].to_numpy(dtype=np.int64)
-    codes, pairs = pd.factorize(host * (int(gpu.max(initial=0)) + 2) + gpu + 1)
-    _, first = np.unique(codes, return_index=True)
     uuid, uuids = _codes(samples["uuid"])
-    known = np.flatnonzero((uuid >= 0) & (uuids[np.maximum(uuid, 0)] != "")) if len(uuids) else np.zeros(0, np.int64)
-    by_code = np.full(len(pairs), "", dtype=object)
+    named = (uuid >= 0) & (uuids[np.maximum(uuid, 0)] != "") if len(uuids) else np.zeros(len(uuid), bool)
+    # the GPU within its host: index + 1 (1..), else -(UUID code + 2) (..-2), else -1 (nothing known)
+    within = np.where(gpu >= 0, gpu + 1, np.where(named, -(uuid + 2), -1))
+    span = int(within.max(initial=0)) - int(within.min(initial=0)) + 1
+    codes, _ = pd.factorize(host * span + (within - int(within.min(initial=0))))
+    n = int(codes.max(initial=-1)) + 1
+    _, first = np.unique(codes, return_index=True)
+    known = np.flatnonzero(named)
+    by_code = np.full(n, "", dtype=object)
     found, at = np.unique(codes[known], return_index=True)
     by_code[found] = uuids[uuid[known[at]]]
     host_of, gpu_of = hosts[host[first]], gpu[first]
-    key = np.array([f"{h}/{g}" for h, g in zip(host_of, gpu_of, strict=True)], dtype=object)
+    key = np.array([f"{h}/{g}" if g >= 0 or not u else f"{h}/{u}"
+                    for h, g, u in zip(host_of, gpu_of, by_code, strict=True)], dtype=object)
     return pd.DataFrame({"key": key, "host": host_of, "gpu": gpu_of, "uuid": by_code}), codes.astype(np.int64)
 
 
@@ -159,7 +168,8 @@ def _increments(key: np.ndarray, signal: np.ndarray, time: np.ndarray, value: np
     diff = np.r_[np.nan, np.diff(v)][: len(k)]
     inc = np.where(diff < 0, v, diff)
     dt = np.r_[np.nan, np.diff(t)][: len(k)] / 1000.0
-    return Increments(k[same], s[same], t[same], inc[same], dt[same])
+    since = np.r_[0, t[:-1]][: len(k)]
+    return Increments(k[same], s[same], t[same], inc[same], dt[same], since[same])
 
 
 def prepare(samples: pd.DataFrame) -> GpuSeries:
@@ -188,6 +198,7 @@ def prepare(samples: pd.DataFrame) -> GpuSeries:
         "key": np.r_[key[flags], counters.key[memory]],
         "signal": np.r_[sig[flags], np.asarray(COUNTERS, dtype=object)[counters.signal[memory]]].astype(object),
         "time": np.r_[time[flags], counters.time[memory]],
+        "since": np.r_[time[flags], counters.since[memory]],
         "value": np.r_[value[flags], counters.inc[memory]]})
     by_value = np.lexsort((value[lv], lv_code, key[lv]))   # each level's values in order: medians by one stable sort
     levels = Values(key[lv][by_value], lv_code[by_value], time[lv][by_value], value[lv][by_value])

@@ -167,6 +167,8 @@ def _level_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> dict[str
 def _rate_rows(series: GpuSeries, win: _Window, rules: SignalRules) -> dict[str, np.ndarray]:
     ct, k, s = series.counters, len(series.gpus), len(COUNTERS)
     m, phase = win.take(ct, ct.time)
+    begun = ct.since[m] >= win.lo   # an increase that began before the window is not the window's
+    m, phase = m[begun], phase[begun]
     g = (ct.key[m] * s + ct.signal[m]) * 2 + phase
     shape = (k, s, 2)
     inc, dt = _sums(g, k * s * 2, ct.inc[m]).reshape(shape), _sums(g, k * s * 2, ct.dt[m]).reshape(shape)
@@ -183,7 +185,7 @@ def _error_rows(series: GpuSeries, win: _Window, peers_after: int, rules: Signal
     share of the ``peers_after`` peer GPUs showing it after), ``codes`` (the new XID codes), ``fault``."""
     e = series.errors
     key, t = e["key"].to_numpy(), e["time"].to_numpy()
-    m = np.flatnonzero((t >= win.lo) & (t <= win.hi) & (win.role[key] >= 0))   # few: errors are rare
+    m = np.flatnonzero((e["since"].to_numpy() >= win.lo) & (t <= win.hi) & (win.role[key] >= 0))   # few: errors are rare
     role, phase = win.role[key[m]], (t[m] >= win.onset).astype(np.int64)
     if not ((role == 1) & (phase == 1)).any():
         return pd.DataFrame()
