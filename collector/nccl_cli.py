@@ -253,12 +253,12 @@ def follow(args: argparse.Namespace) -> int:
     with open_store(args.store, args.bucket) as store:
         writes = _Writes(args, tail, store)
         with StopSignals() as stop:   # Ctrl-C or SIGTERM: this turn ends, then the last read
-            while not stop.is_set():
+            while not stop.requested:
                 tail.poll()
                 writes.step(final=False)
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                stop.wait(args.interval)
+                stop.sleep(args.interval)
         tail.poll()
         writes.step(final=True)
     print(f"followed {len(tail.pos)} file(s): {writes.total} point(s) written", file=sys.stdout)

@@ -250,12 +250,12 @@ def follow(args: argparse.Namespace, gather: Gather, topology: Topo, summary: Su
     with open_store(args.store, args.bucket) as store:
         writes = _Writes(args, gather, topology, summary, store)
         with StopSignals() as stop:   # Ctrl-C or SIGTERM: this turn ends, then the last read
-            while not stop.is_set():
+            while not stop.requested:
                 gather.poll(quiet_empty=True)
                 writes.step(final=False)
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                stop.wait(args.interval)
+                stop.sleep(args.interval)
         gather.poll(quiet_empty=True)
         writes.step(final=True)
     print(f"followed {'Prometheus ' + args.prometheus if args.prometheus else 'Inspector Prometheus files'}: "

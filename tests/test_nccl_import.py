@@ -193,6 +193,8 @@ def test_follow_stops_on_sigterm_or_ctrl_c_after_its_last_read(slow_recs, tmp_pa
         deadline = time.monotonic() + 60
         while "wrote " not in (proc.stdout.readline() if proc.poll() is None else "x wrote "):
             assert time.monotonic() < deadline, "the follower wrote nothing in 60 s"
+        time.sleep(0.5)
+        assert proc.poll() is None, "the follower ended before it was told to"
         proc.send_signal(stop)
         out, err = proc.communicate(timeout=30)
     finally:
