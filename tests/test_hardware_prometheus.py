@@ -241,3 +241,35 @@ def test_many_hosts_are_asked_for_a_few_at_a_time_with_the_same_answer(prom, mon
     split = hw_of("thr", prom)
     assert split["verdict"] == "hardware_fault" and split["peer_gpus"] == whole["peer_gpus"] == 12
     assert [g["samples"] for g in split["gpus"]] == [g["samples"] for g in whole["gpus"]]
+
+
+def test_odd_labels_and_points_in_an_answer():
+    """A ``gpu`` label that only looks like a number ("²") is no index; a point that is no number
+    is refused naming its series; a series of no job host is left out."""
+    from analyzer.read.gpu_samples import SourceUnavailable
+    from rankscope.hostnames import HostIndex
+
+    def answer(*series: dict) -> bytes:
+        return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": list(series)}}).encode()
+
+    def series(gpu: str, host: str = "n1", value: str = "1500") -> dict:
+        return {"metric": {"__name__": "DCGM_FI_DEV_SM_CLOCK", "gpu": gpu, "Hostname": host},
+                "values": [[1700000000, value], [1700000030, value]]}
+
+    src = DcgmPrometheus("http://prometheus:9090")
+    idx = HostIndex(["n1"], {})
+    got = src.parse(answer(series("²"), series("3"), series("1", host="elsewhere")), idx)
+    assert sorted(got["gpu"].tolist()) == [-1, -1, 3, 3] and set(got["host"]) == {"n1"}
+    with pytest.raises(SourceUnavailable, match="series 1: 'values' is not a list"):
+        src.parse(answer(series("0"), series("1", value="fast")), idx)
+
+
+def test_a_short_onset_window_is_asked_for_at_a_finer_step():
+    """The step floor (30 s) never leaves an onset window with fewer samples than a signal needs."""
+    from analyzer.read.dcgm_prometheus import MIN_STEP_S
+    from analyzer.service.hardware_evidence import hardware_evidence
+
+    for window, step in ((600.0, MIN_STEP_S), (60.0, 15.0)):
+        settings = HardwareSettings(prometheus_url="http://prometheus:9090", window_s=window, gpu_health=False)
+        (source,) = hardware_evidence(object(), settings, {}).sources
+        assert source.min_step_s == step

@@ -65,7 +65,7 @@ class DcgmPrometheus:
 
     def __init__(self, url: str, *, auth: HttpAuth | None = None, timeout_s: float = 5.0,
                  max_bytes: int = 16 << 20, host_label: str = "Hostname", selector: str = "",
-                 host_map: dict[str, str] | None = None, max_points: int = 240):
+                 host_map: dict[str, str] | None = None, max_points: int = 240, min_step_s: float = MIN_STEP_S):
         if not re.match(r"https?://[^/]", url):
             raise ValueError(f"prometheus_url {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
         if not _LABEL.fullmatch(host_label):
@@ -74,6 +74,7 @@ class DcgmPrometheus:
         self.auth, self.timeout_s, self.max_bytes = auth, float(timeout_s), int(max_bytes)
         self.host_label, self.selector = host_label, selector.strip().strip("{}").strip()
         self.host_map, self.max_points = dict(host_map or {}), int(max_points)
+        self.min_step_s = max(1.0, float(min_step_s))   # a shorter onset window asks for a finer step
         self.note = ""
 
     def __repr__(self) -> str:
@@ -107,11 +108,11 @@ class DcgmPrometheus:
     def _query(self, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
         if not self.names(hosts):
             return empty()
-        step = max(MIN_STEP_S, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
+        step = max(self.min_step_s, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
         try:
             body = bounded_get(f"{self.url}/api/v1/query_range",
                                {"query": self.query(hosts), "start": f"{start_ms / 1000:.3f}",
-                                "end": f"{end_ms / 1000:.3f}", "step": f"{step}s"},
+                                "end": f"{end_ms / 1000:.3f}", "step": f"{step:g}"},
                                timeout_s=self.timeout_s, max_bytes=self.max_bytes, auth=self.auth)
         except HttpFailure as exc:
             raise SourceUnavailable(f"Prometheus {exc}") from None
@@ -156,7 +157,7 @@ class DcgmPrometheus:
 
 def _gpu_index(label: str) -> int:
     """The ``gpu`` label as a device index (-1 where it is none)."""
-    return int(label) if label.isdigit() and len(label) < 6 else -1
+    return int(label) if label.isascii() and label.isdigit() and len(label) < 6 else -1   # "²".isdigit()
 
 
 def _repeated(column: pd.Series, n: np.ndarray) -> pd.Categorical:

@@ -168,7 +168,7 @@ def hardware_evidence(store: Any, settings: HardwareSettings, env: Any) -> Hardw
     """The evidence of the sources ``settings`` names: the store's ``gpu_health`` (unless turned
     off), dcgm-exporter in the Prometheus of ``prometheus_url``, Telegraf's ``nvidia_smi`` in
     database ``nvidia_smi_database`` of the store's InfluxDB (with the store's credentials)."""
-    from analyzer.read.dcgm_prometheus import DcgmPrometheus
+    from analyzer.read.dcgm_prometheus import MIN_STEP_S, DcgmPrometheus
     from analyzer.read.gpu_health_store import GpuHealthStore
     from analyzer.read.telegraf_nvidia_smi import TelegrafNvidiaSmi
     from analyzer.service.hardware_config import AUTH_PREFIX
@@ -181,7 +181,9 @@ def hardware_evidence(store: Any, settings: HardwareSettings, env: Any) -> Hardw
     if s.prometheus_url:
         sources.append(DcgmPrometheus(s.prometheus_url, auth=auth_from_env(AUTH_PREFIX, env), timeout_s=s.prometheus_timeout_s,
                                       max_bytes=max_bytes, host_label=s.host_label, selector=s.selector,
-                                      host_map=s.host_map, max_points=s.max_points))
+                                      host_map=s.host_map, max_points=s.max_points,
+                                      # the step gives an onset window its samples (min_samples), at most 30 s
+                                      min_step_s=min(MIN_STEP_S, s.window_s / (s.rules.min_samples + 1))))
     url = getattr(store, "url", None)
     if s.nvidia_smi_database:
         if not url:
