@@ -225,7 +225,8 @@ def beside_timer(coords: RankCoordinates, stage_sink: Callable[[dict], None] | N
     ``gpu_health``), or None:
 
     - ``None`` (the default): on when ``stage_sink`` is a :class:`BackgroundWriter` (or its ``put``)
-      and the rank has a GPU (its ``gpu`` is known, or it times on CUDA); the points go through a
+      and the rank names its GPU (its ``gpu`` index or ``gpu_uuid``; a CUDA rank that names neither
+      gets one log line: NVML numbers the machine's GPUs, index 0 is another rank's); the points go through a
       second writer on that writer's store, made once NVML has opened and closed with the sampler;
     - ``True``: the same, and a ``stage_sink`` that is no writer is an error;
     - a callable: the ``gpu_health`` points go to it;
@@ -245,8 +246,11 @@ def beside_timer(coords: RankCoordinates, stage_sink: Callable[[dict], None] | N
             raise ValueError("gpu_health=True writes through the stage timer's BackgroundWriter: pass "
                              "sink=writer.put, or gpu_health=<a callable taking each gpu_health point>")
         return None
-    elif gpu_health is None and coords.gpu is None and not cuda:
-        return None   # a CPU rank that names no GPU: nothing to watch
+    elif gpu_health is None and coords.gpu is None and not coords.gpu_uuid:
+        if cuda:   # NVML numbers the machine's GPUs: a guess (index 0) would blame another rank's
+            log.info("no GPU telemetry: rank %s names no GPU (RankCoordinates gpu or gpu_uuid); "
+                     "gpu_health=True samples index 0", coords.rank)
+        return None   # a rank that names no GPU: nothing to watch that is surely its own
     else:
         sink = None
     sampler = GpuSampler(coords, sink or (lambda _point: None), interval_s=interval_s, nvml=nvml)

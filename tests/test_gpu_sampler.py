@@ -213,3 +213,23 @@ def test_the_sampler_finds_the_ranks_gpu_as_nvml_numbers_it():
         found[name] = s._handle
     assert found == {"uuid": "handle-GPU-ab", "visible": "handle-7", "visible-uuid": "handle-GPU-cd",
                      "index": "handle-3", "given": "handle-2"}
+
+
+def test_a_cuda_rank_that_names_no_gpu_is_not_sampled_by_default(embedded_store, caplog):
+    """NVML numbers the machine's GPUs: a CUDA rank that names neither its index nor its UUID would
+    sample device 0 under its own tags, another rank's GPU; by default it gets one line instead."""
+    from collector.gpu_sampler import beside_timer
+
+    writer = BackgroundWriter(embedded_store, flush_interval_s=0.1)
+    unnamed = RankCoordinates(job="j", rank=6, pp=0, dp=6, tp=0, ep_group=0, node=0, host="h")
+    try:
+        with caplog.at_level(logging.INFO, logger="collector.gpu_sampler"):
+            assert beside_timer(unnamed, writer.put, cuda=True, nvml=fake_nvml([])) is None
+        assert [r.getMessage() for r in caplog.records] == [
+            "no GPU telemetry: rank 6 names no GPU (RankCoordinates gpu or gpu_uuid); gpu_health=True samples index 0"]
+        named = RankCoordinates(job="j", rank=6, pp=0, dp=6, tp=0, ep_group=0, node=0, host="h", gpu_uuid="GPU-ab")
+        sampler = beside_timer(named, writer.put, cuda=True, nvml=fake_nvml([]))
+        assert sampler is not None
+        sampler.close()
+    finally:
+        writer.close()
