@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import uuid
+import warnings
 
 import pytest
 
@@ -83,14 +84,27 @@ def test_slow_rank_is_high_in_mlp_and_healthy_ranks_wait_in_the_all_reduce(demo_
     assert it_after.median() > 1.5 * it_before.median()
 
 
-def _judged_the_machine(incidents: list[dict]) -> bool:
-    """Whether this run says more of the machine than of the code: rank 5 unnamed. 8 processes on
-    2 cores beside another test worker make the healthy ranks' mlp vary about 5x between iterations
-    on a quiet machine; a burst of load can starve a healthy rank before the fault (a straggler,
-    rightly named, that hides rank 5's cost) or widen the stage's spread across ranks until rank 5's
-    20x reads as 2.5 of its sigmas (a run kept from the stripped machine's CI showed both). The
-    job runs once more, and that run must name it."""
-    return not any(i["ranks"] == [SLOW_RANK] and i["stage"] == "mlp" for i in incidents)
+#: How far a healthy rank's mlp spreads between iterations before the fault (median over the healthy
+#: ranks of p90 / p10) on a quiet 2-core machine: 4.7-4.8 in runs of this job alone; a burst of load
+#: widens it (6.4 in the run where rank 5 went unnamed).
+QUIET_SPREAD = 5.5
+
+
+def _judged_the_machine(incidents: list[dict], df) -> str:
+    """Why this run says more of the machine than of the code, or "" where it does not (then it
+    must name rank 5). 8 processes on 2 cores beside another test worker: a burst of load can starve
+    a healthy rank before the fault (a straggler, rightly named, that hides rank 5's cost), or widen
+    mlp's spread across ranks until rank 5's 20x reads as 2.5 of the stage's sigmas (an accuracy
+    limit of noisy stages, in the closing notes). Only then does the job run once more."""
+    if any(i["ranks"] == [SLOW_RANK] and i["stage"] == "mlp" for i in incidents):
+        return ""
+    if any(i["class"] == "compute_straggler" and SLOW_RANK not in i["ranks"] and i["onset_iteration"] < SLOW_FROM
+           for i in incidents):
+        return "a healthy rank was starved before the fault"
+    before = df[(df["iteration"] < SLOW_FROM) & (df["rank"] != SLOW_RANK)]
+    q = before.groupby("rank")["mlp"].quantile([0.1, 0.9]).unstack()
+    spread = float((q[0.9] / q[0.1]).median())
+    return f"the healthy ranks' mlp spread {spread:.1f}x before the fault" if spread > QUIET_SPREAD else ""
 
 
 def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run, influx_url):
@@ -100,7 +114,9 @@ def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run, influx_url)
     cfg, _, store = demo_run
     # no topology given: the analyzer infers it, and the placement from the host tags
     incidents = run_once(store, job=cfg.job)
-    if _judged_the_machine(incidents):   # once more, on a new database
+    why = _judged_the_machine(incidents, store.read_stage_latency(cfg.job))
+    if why:   # once more, on a new database, and said
+        warnings.warn(f"test_torch_run ran the job again: {why} (8 processes on 2 cores)", stacklevel=1)
         store = InfluxStore(influx_url, bucket=f"torchrun_{uuid.uuid4().hex[:8]}", api="v1")
         cfg = dataclasses.replace(cfg, bucket=store.bucket)
         try:
