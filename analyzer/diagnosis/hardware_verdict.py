@@ -54,10 +54,8 @@ def gpu_entries(found: Comparison, gpus: list[dict]) -> list[dict]:
     by_key: dict[str, list[dict]] = {}
     for r in found.rows():
         by_key.setdefault(r["key"], []).append(r)
-    g = found.gpus
-    mine = [dict(zip(g.columns, r, strict=True)) for r in zip(*(g[c].tolist() for c in g.columns), strict=True)]
     out = []
-    for g in sorted(mine, key=lambda g: (str(g["host"]), int(g["gpu"]))):
+    for g in sorted(found.gpu_rows(), key=lambda g: (str(g["host"]), int(g["gpu"]))):
         host, gpu, uuid = str(g["host"]), int(g["gpu"]), str(g["uuid"])
         rows = by_key.get(g["key"], [])
         levels = {r["signal"]: {"before": _r(r[BEFORE], 1), "after": _r(r[AFTER], 1), "peers": _r(r["peers"], 1)}

@@ -6,8 +6,9 @@ checked in a cycle; each incident then compares its own GPUs in its own onset wi
 GPU numbered (``key``, host/gpu), duplicate samples dropped, the clock-event reasons decoded into
 bits and OR-ed over the samples of one GPU and time (field 112 and the exporter's counts together),
 the counters' increments (a counter that went back was reset: it counts as the value it restarted
-from), the samples that show an error. Every array is a column over samples, so an incident's
-window is a mask and its statistics are ``bincount`` s, never a group-by per incident.
+from), the samples that show an error. Every array is a column over samples sorted by GPU, so an
+incident's samples are a span per GPU (:meth:`ByGpu.span`) and a mask by time, and its statistics
+are ``bincount`` s, never a group-by per incident.
 
 Example::
 
@@ -44,6 +45,14 @@ class ByGpu:
         lo = np.searchsorted(self.key, keys, side="left")
         n = np.searchsorted(self.key, keys, side="right") - lo
         return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+
+
+@dataclass(frozen=True)
+class Times(ByGpu):
+    """Each GPU's distinct sample times (of any signal)."""
+
+    key: np.ndarray
+    time: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ class GpuSeries:
     growth of a memory-error count)."""
 
     gpus: pd.DataFrame
-    seen: Values
+    seen: Times
     events: Events
     levels: Values
     counters: Increments
@@ -184,7 +193,7 @@ def prepare(samples: pd.DataFrame) -> GpuSeries:
     first = np.r_[True, (k[1:] != k[:-1]) | (c[1:] != c[:-1]) | (t[1:] != t[:-1]) | (v[1:] != v[:-1])][: len(k)]
     key, time, value, sig = k[first], t[first], v[first], names[c[first]] if len(names) else c[first].astype(object)
     order, starts = _runs(key, time)
-    seen = Values(key[order][starts], np.zeros(len(starts), np.int64), time[order][starts], np.zeros(len(starts)))
+    seen = Times(key[order][starts], time[order][starts])
     r = sig == gh.REASONS
     lv = np.isin(sig, LEVELS)
     ct = np.isin(sig, COUNTERS)

@@ -70,8 +70,17 @@ class Comparison:
 
     def rows(self) -> list[dict]:
         """The table's rows as records (without building the frame: one incident's few hundred)."""
-        names = list(self.columns)
-        return [dict(zip(names, r, strict=True)) for r in zip(*(self.columns[c].tolist() for c in names), strict=True)]
+        return records(self.columns)
+
+    def gpu_rows(self) -> list[dict]:
+        """:attr:`gpus` as records."""
+        return records({c: self.gpus[c].to_numpy() for c in self.gpus.columns})
+
+
+def records(columns: dict[str, np.ndarray]) -> list[dict]:
+    """Rows of equal-length columns as dicts of Python values (faster than a frame's ``to_dict``)."""
+    names = list(columns)
+    return [dict(zip(names, r, strict=True)) for r in zip(*(columns[c].tolist() for c in names), strict=True)]
 
 
 @dataclass(frozen=True)
