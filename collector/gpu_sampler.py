@@ -12,7 +12,7 @@ nothing else; :meth:`GpuSampler.start` returns False.
 
 A training script need not know this class: :class:`~collector.stage_timer.StageTimer` starts
 one beside itself (:func:`beside_timer`, its ``gpu_health`` option: on by default when its sink is a
-:class:`~collector.writer.background.BackgroundWriter` and the rank has a GPU, writing through a
+:class:`~collector.writer.background.BackgroundWriter` and the rank names its GPU, writing through a
 second writer on the same store) and closes it with :meth:`StageTimer.close`. By hand::
 
     writer = BackgroundWriter(store, measurement="gpu_health", name="rankscope-gpu-health")

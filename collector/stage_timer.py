@@ -35,8 +35,8 @@ Names are the schema's stage names or their aliases (``Stage.aliases`` from a
 names map to stages (see :meth:`StageTimer.megatron_timers`).
 
 GPU telemetry (``gpu_health``, :mod:`collector.gpu_sampler`): by default, when ``sink`` is a
-:class:`~collector.writer.background.BackgroundWriter`'s ``put`` and the rank has a GPU (``gpu``
-known, or ``device="cuda"``), an NVML sampler of that GPU runs on a thread of its own, writing
+:class:`~collector.writer.background.BackgroundWriter`'s ``put`` and the rank names its GPU (``gpu``
+or ``gpu_uuid`` known), an NVML sampler of that GPU runs on a thread of its own, writing
 ``gpu_health`` points with the rank's tags through a second writer on the same store every
 ``gpu_health_interval_s`` (5 s, at least 1); close() stops it. No NVML: one log line, no thread.
 ``gpu_health=False``: off; ``True``: on (a sink that is no writer is an error); a callable takes
@@ -128,7 +128,7 @@ class StageTimer:
     wall_clock_ms: the points' timestamps in epoch ms (default :func:`wall_ms`); the
         timer keeps them strictly increasing (one point per ms per rank at most).
     gpu_health: the rank's GPU telemetry beside the timer (see the module docstring): None
-        (the default: on for a writer's sink and a rank with a GPU, where NVML loads), True,
+        (the default: on for a writer's sink and a rank that names its GPU, where NVML loads), True,
         False, or a callable taking each ``gpu_health`` point.
     nvml: NVML's module for that sampler (default ``pynvml``); gpu_health_interval_s: its
         period (at least 1 s).
