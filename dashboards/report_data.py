@@ -129,7 +129,7 @@ def stage_comparison(window: IncidentWindow, incident: Incident) -> pd.DataFrame
 
 # ------------------------------------------------------------------ hardware evidence
 #: The levels every culprit GPU's record holds, as the report names them: (record key, label, unit).
-HARDWARE_LEVELS = ((gh.SM_CLOCK, "SM clock", "MHz"), (gh.TEMPERATURE, "temperature", "°C"), (gh.POWER, "power", "W"))
+HARDWARE_LEVELS = tuple((name, label, unit) for name, (label, unit) in gh.LEVEL_NAMES.items())
 #: Verdicts whose record compares culprit GPUs with their peers (the others have a summary only).
 COMPARED_VERDICTS = ("hardware_fault", "no_hardware_signal")
 #: Most culprit GPUs a hardware figure draws (the table lists them all).

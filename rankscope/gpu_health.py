@@ -77,6 +77,9 @@ UTILIZATION = "utilization_gpu"
 LEVELS = (SM_CLOCK, TEMPERATURE, POWER, UTILIZATION)
 COUNTERS = (PCIE_REPLAYS, NVLINK_BANDWIDTH, REMAPPED_ROWS, ECC_DBE)
 SIGNALS = (REASONS, XID, ROW_REMAP_FAILURE, *LEVELS, *COUNTERS)
+#: The levels every culprit GPU's hardware record holds, as people read them: signal -> (label, unit).
+LEVEL_NAMES: dict[str, tuple[str, str]] = {SM_CLOCK: ("SM clock", "MHz"), TEMPERATURE: ("temperature", "°C"),
+                                           POWER: ("power", "W")}
 #: ``gpu_health`` fields besides the signals: the GPU's UUID (a string, not a tag).
 UUID_FIELD = GPU_UUID_FIELD
 #: DCGM writes these for "no value" (its blank sentinels sit just below 2**63; 2**31 for 32-bit fields).

@@ -27,7 +27,7 @@ PHRASES: list[tuple[str, str]] = [
     ("sw_power_cap", "GPU power capping"), (gh.POWER, "GPU power capping"), (gh.SM_CLOCK, "GPU clocks low"),
     (gh.PCIE_REPLAYS, "PCIe replays"), (gh.NVLINK_BANDWIDTH, "NVLink traffic down"),
 ]
-LEVEL_WORDS = {gh.SM_CLOCK: ("SM clock", " MHz"), gh.TEMPERATURE: ("temperature", " °C"), gh.POWER: ("power", " W")}
+LEVEL_WORDS = {name: (label, f" {unit}") for name, (label, unit) in gh.LEVEL_NAMES.items()}
 
 
 def _r(x: object, nd: int = 3) -> float | None:
