@@ -6,8 +6,9 @@ Two shapes of the 100 incidents, each checked as the analyzer's cycle checks the
 :meth:`HardwareEvidence.attach` per job, jobs one after the other, every incident due: the first
 check, the costliest; a check once final is never asked for again):
 
-- **10 jobs x 10 incidents**: each job 22 hosts (10 culprit hosts, 12 peers): one query per job;
-- **1 job x 100 incidents**: 112 hosts (100 culprits, 12 peers) in one query.
+- **10 jobs x 10 incidents**: each job 22 hosts (10 culprit hosts, 12 peers): one source call per
+  job (two queries: the baseline and the onset window);
+- **1 job x 100 incidents**: 112 hosts (100 culprits, 12 peers) in one call (24 hosts a query).
 
 Target (issue 41): at most 1 s per cycle. ``RANKSCOPE_BENCH_HARDWARE_JOBS`` (default 10) sets the
 first shape's number of jobs.
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from analyzer.read.dcgm_prometheus import MIN_STEP_S, DcgmPrometheus
+from analyzer.read.dcgm_prometheus import BASELINE_POINTS, MIN_STEP_S, DcgmPrometheus
 from analyzer.service.hardware_evidence import HardwareEvidence
 from tests.dcgm_series import AFTER_S, BackfilledPrometheus, Job
 from tests.hardware_incidents import Cycle, incident, topology
@@ -80,12 +81,13 @@ def run(ctx) -> str:
         "### 100 open incidents' culprit GPUs against their baseline and peers, one cycle", "",
         "| shape | queries | incidents | verdicts | median per cycle |", "|---|---|---|---|---|", *rows, "",
         f"Prometheus 2.42 on loopback, {gpus:,} GPUs' series backfilled with promtool in {backfill_s:.1f} s; "
-        f"each cycle reads 30 min of baseline and 11 min after the onset at a {MIN_STEP_S} s step (the step "
-        f"floor: 83 points a series). Medians of {ctx.repeat} cycles, the two shapes interleaved. "
-        f"Target: at most 1 s per cycle ({verdict}).", "",
-        "Where a cycle's time goes (cProfile of the 10-job shape, 1.6 s profiled): JSON decoding of "
-        "Prometheus' answers about a quarter, the HTTP exchange and the rest of the parse another third, "
-        "laying the samples out once per query (analyzer/score/gpu_series.py) a sixth, the 100 "
-        "comparisons and records a quarter (about 4 ms each). Before: 38 s with some 30 pandas group-bys per incident, "
-        "4.5 s with one layout per query but a 15 s step and a string per point.",
+        f"each check reads 30 min of baseline at {BASELINE_POINTS} samples a series and 11 min after the onset "
+        f"at a {MIN_STEP_S} s step, only the metrics a compute straggler is checked on (no link counters). "
+        f"Medians of {ctx.repeat} cycles, the two shapes interleaved. Target: at most 1 s per cycle ({verdict}).", "",
+        "What made it so: 38 s a cycle as first committed (some 30 pandas group-bys per incident); 4.5 s with "
+        "one layout per query (analyzer/score/gpu_series.py) but a 15 s step and a string per point; 1.3-1.7 s "
+        "with a 30 s step floor and one float conversion a query. Then (this table): the baseline asked for "
+        "apart at a coarser step and only the class's metrics (half the points), the garbage collector held "
+        "off while an answer's JSON is decoded (its collections took as long as the decoding), the next answer "
+        "fetched while one is parsed, and a culprit's GPUs found by lookups, not by comparing every GPU's names.",
     ])

@@ -94,8 +94,11 @@ def test_a_slow_gpu_with_clean_telemetry_is_no_hardware_signal(prom):
     hw = hw_of("clean", prom)
     assert hw["verdict"] == "no_hardware_signal" and signals(hw) == set() and hw["phrase"] == ""
     assert hw["summary"].endswith("look at software, data, the host.") and "12 peer GPUs" in hw["summary"]
-    # 30 min of baseline and 11 after at the 30 s step (MIN_STEP_S): 60 and 22 samples a GPU
-    assert all(g["samples"]["after"] >= 20 and g["samples"]["before"] >= 55 for g in hw["gpus"])
+    # 11 min after the onset at the 30 s step (MIN_STEP_S): 22 samples a GPU; the 30 min of baseline
+    # in a query of its own at BASELINE_POINTS samples a series (a 120 s step)
+    from analyzer.read.dcgm_prometheus import BASELINE_POINTS
+    assert all(g["samples"]["after"] >= 20 and BASELINE_POINTS - 1 <= g["samples"]["before"] <= BASELINE_POINTS
+               for g in hw["gpus"])
 
 
 def test_a_reason_every_gpu_shows_from_the_onset_is_context_not_a_fault(prom):
@@ -273,3 +276,46 @@ def test_a_short_onset_window_is_asked_for_at_a_finer_step():
         settings = HardwareSettings(prometheus_url="http://prometheus:9090", window_s=window, gpu_health=False)
         (source,) = hardware_evidence(object(), settings, {}).sources
         assert source.min_step_s == step
+
+
+def test_a_check_asks_for_its_signals_only_and_for_the_baseline_at_a_coarser_step(prom, monkeypatch):
+    """A compute straggler's check reads no link counters; a link degradation's reads them (and
+    finds the replays). Each asks for the baseline and the onset window apart, the baseline at
+    about BASELINE_POINTS samples a series, with no sample time asked for twice."""
+    from analyzer.read import dcgm_prometheus
+    from analyzer.read.dcgm_prometheus import BASELINE_POINTS, MIN_STEP_S
+
+    asked: list[dict] = []
+
+    def recording(url, params, **kw):
+        asked.append(dict(params))
+        return bounded_get(url, params, **kw)
+
+    monkeypatch.setattr(dcgm_prometheus, "bounded_get", recording)
+    job = JOBS["pcie"]
+    compute = check(job, DcgmPrometheus(prom.url))[0].hardware
+    compute_asked, asked[:] = list(asked), []
+    link = check(job, DcgmPrometheus(prom.url), [incident(job, IncidentClass.LINK_DEGRADATION)])[0].hardware
+    assert compute["verdict"] == "no_hardware_signal" and link["verdict"] == "hardware_fault"
+    assert "pcie_replays" in signals(link)
+    assert all("PCIE" not in a["query"] and "NVLINK" not in a["query"] for a in compute_asked)
+    assert all("PCIE_REPLAY" in a["query"] and "SM_CLOCK" in a["query"] for a in asked)
+    for queries in (compute_asked, asked):
+        (base, window) = sorted(queries, key=lambda a: float(a["start"]))
+        assert float(base["end"]) < job.onset_ms / 1000 == float(window["start"])
+        assert float(window["step"]) == MIN_STEP_S
+        assert float(base["step"]) == pytest.approx((float(base["end"]) - float(base["start"])) / BASELINE_POINTS, abs=1)
+
+
+def test_a_label_that_is_no_text_is_refused_naming_its_series_and_the_collector_is_back_on():
+    import gc
+
+    from analyzer.read.gpu_samples import SourceUnavailable
+    from rankscope.hostnames import HostIndex
+
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_SM_CLOCK", "Hostname": "n1", "gpu": "0"}, "values": [[1, "2"]]},
+        {"metric": {"__name__": "DCGM_FI_DEV_SM_CLOCK", "Hostname": "n1", "gpu": 1}, "values": [[1, "2"]]}]}}).encode()
+    with pytest.raises(SourceUnavailable, match="series 1: label 'gpu' is not a text"):
+        DcgmPrometheus("http://prometheus:9090").parse(body, HostIndex(["n1"], {}))
+    assert gc.isenabled()

@@ -14,15 +14,26 @@ newer) and from ``DCGM_EXP_CLOCK_EVENTS_COUNT`` (one series per ``clock_event``,
 its reason's bit where the count is above 0). Duplicate series of one GPU and metric (two scrape
 jobs, an HA pair) count once: the one with the most samples.
 
+A check asks for less where it says so (:class:`~analyzer.read.gpu_samples.TelemetrySource`):
+only the metrics of its ``signals``, and the baseline before ``onset_ms`` in a query of its own at
+a step that gives it about ``baseline_points`` samples a series (its medians, shares and rates
+need no more; the onset window keeps the fine step). That is half the points of one query at the
+fine step over both windows, and the JSON decoded and laid out scales with them.
+
 The answer is read within ``timeout_s`` and ``max_bytes`` (:func:`rankscope.bounded_http.bounded_get`),
 its JSON checked; anything else is :class:`SourceUnavailable` naming the server and what went wrong.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from itertools import chain
 
 import numpy as np
 import pandas as pd
@@ -55,6 +66,9 @@ HOSTS_PER_QUERY = 24
 #: newest sample of the last 5 minutes) and doubles the points to decode and compare; where a site
 #: scrapes every 15 s it leaves out every other sample, which medians and shares over minutes do not need.
 MIN_STEP_S = 30
+#: Samples a series in the baseline before the onset (30 min at a 120 s step): its median, its
+#: share of each reason and its rate, against ``min_samples`` (3) needed.
+BASELINE_POINTS = 15
 _MAX_TEXT = 1024
 
 
@@ -65,7 +79,8 @@ class DcgmPrometheus:
 
     def __init__(self, url: str, *, auth: HttpAuth | None = None, timeout_s: float = 5.0,
                  max_bytes: int = 16 << 20, host_label: str = "Hostname", selector: str = "",
-                 host_map: dict[str, str] | None = None, max_points: int = 240, min_step_s: float = MIN_STEP_S):
+                 host_map: dict[str, str] | None = None, max_points: int = 240, min_step_s: float = MIN_STEP_S,
+                 baseline_points: int = BASELINE_POINTS):
         if not re.match(r"https?://[^/]", url):
             raise ValueError(f"prometheus_url {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
         if not _LABEL.fullmatch(host_label):
@@ -75,6 +90,7 @@ class DcgmPrometheus:
         self.host_label, self.selector = host_label, selector.strip().strip("{}").strip()
         self.host_map, self.max_points = dict(host_map or {}), int(max_points)
         self.min_step_s = max(1.0, float(min_step_s))   # a shorter onset window asks for a finer step
+        self.baseline_points = max(1, int(baseline_points))
         self.note = ""
 
     def __repr__(self) -> str:
@@ -85,74 +101,103 @@ class DcgmPrometheus:
         idx = HostIndex(hosts, self.host_map)
         return sorted({a for h in hosts for a in idx.aliases(h) if _HOST_NAME.fullmatch(a)})
 
-    def query(self, hosts: list[str]) -> str:
-        """The PromQL selector of every metric for ``hosts``."""
+    def query(self, hosts: list[str], signals: frozenset[str] | None = None) -> str:
+        """The PromQL selector of the metrics of ``signals`` (default: every one) for ``hosts``."""
         names = self.names(hosts)
         alternatives = "|".join(re.escape(a).replace("\\", "\\\\") for a in names)
-        metric = "|".join(METRICS)
+        metric = "|".join(n for n, sig in METRICS.items() if signals is None or sig in signals)
         extra = f",{self.selector}" if self.selector else ""
         return (f'{{__name__=~"{metric}",{self.host_label}=~"(?i)({alternatives})(\\\\..+)?(:[0-9]+)?"{extra}}}')
 
-    def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
-        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (:mod:`analyzer.read.gpu_samples`), asked
-        for :data:`HOSTS_PER_QUERY` hosts at a time (each answer stays well inside ``max_bytes``)."""
+    def steps(self, start_ms: int, end_ms: int, onset_ms: int | None = None) -> list[tuple[int, int, float]]:
+        """The ranges asked for and the step of each (s): ``start`` .. ``end`` at the fine step, or,
+        with an ``onset_ms`` inside, the baseline before it at :attr:`baseline_points` samples a series
+        (never finer than the fine step) and the rest at the fine step."""
+        cut = onset_ms if onset_ms is not None and start_ms < onset_ms < end_ms else start_ms
+        fine = max(self.min_step_s, math.ceil((end_ms - cut) / 1000 / self.max_points))
+        if cut == start_ms:
+            return [(start_ms, end_ms, fine)]
+        coarse = max(fine, math.ceil((cut - start_ms) / 1000 / self.baseline_points))
+        return [(start_ms, cut - 1, coarse), (cut, end_ms, fine)]   # query_range includes its end: no sample twice
+
+    def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int, *, onset_ms: int | None = None,
+                signals: frozenset[str] | None = None) -> pd.DataFrame:
+        """Every sample of ``signals`` of ``hosts`` in ``start_ms`` .. ``end_ms`` (:mod:`analyzer.read.gpu_samples`),
+        asked for :data:`HOSTS_PER_QUERY` hosts at a time (each answer stays well inside ``max_bytes``)
+        and per range of :meth:`steps`."""
         self.note = f"no host name a query can carry among {', '.join(hosts[:3])}"
         if not self.names(hosts) or end_ms <= start_ms:
             return empty()
         self.note = f"{self.host_label} matching {', '.join(hosts[:3])}{' ...' if len(hosts) > 3 else ''}"
-        parts = [self._query(hosts[i:i + HOSTS_PER_QUERY], start_ms, end_ms)
-                 for i in range(0, len(hosts), HOSTS_PER_QUERY)]
-        parts = [p for p in parts if len(p)]
+        asked = [(hosts[i:i + HOSTS_PER_QUERY], lo, hi, step) for i in range(0, len(hosts), HOSTS_PER_QUERY)
+                 for lo, hi, step in self.steps(start_ms, end_ms, onset_ms) if self.names(hosts[i:i + HOSTS_PER_QUERY])]
+        # the next answer is on its way while one is parsed: Prometheus works on another core
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prometheus") as pool:
+            bodies = pool.map(lambda a: self._get(a[0], a[1], a[2], a[3], signals), asked)
+            parts = [p for (h, *_), body in zip(asked, bodies, strict=True)
+                     if len(p := self.parse(body, HostIndex(h, self.host_map)))]
         return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else empty()
 
-    def _query(self, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
-        if not self.names(hosts):
-            return empty()
-        step = max(self.min_step_s, math.ceil((end_ms - start_ms) / 1000 / self.max_points))
+    def _get(self, hosts: list[str], start_ms: int, end_ms: int, step: float, signals: frozenset[str] | None) -> bytes:
         try:
-            body = bounded_get(f"{self.url}/api/v1/query_range",
-                               {"query": self.query(hosts), "start": f"{start_ms / 1000:.3f}",
+            return bounded_get(f"{self.url}/api/v1/query_range",
+                               {"query": self.query(hosts, signals), "start": f"{start_ms / 1000:.3f}",
                                 "end": f"{end_ms / 1000:.3f}", "step": f"{step:g}"},
                                timeout_s=self.timeout_s, max_bytes=self.max_bytes, auth=self.auth)
         except HttpFailure as exc:
             raise SourceUnavailable(f"Prometheus {exc}") from None
-        return self.parse(body, HostIndex(hosts, self.host_map))
 
     def parse(self, body: bytes, idx: HostIndex) -> pd.DataFrame:
-        """The samples of an answer to :meth:`query`, for the job's hosts of ``idx``: per series its
-        labels once and its points as arrays; of duplicate series of one GPU and metric the one with
-        the most points; one frame at the end, its text columns categories (thousands of series a
-        query, hundreds of thousands of points: nothing is done per point in Python)."""
-        result = _matrix(body, self.url)
-        meta, points, where = [], [], []
-        for i, series in enumerate(result):
-            labels, vals = _series(series, f"{self.url}: series {i}")
-            host = idx.job_host(labels.get(self.host_label, "").rsplit(":", 1)[0]
-                                if self.host_label == "instance" else labels.get(self.host_label, ""))
-            name = labels.get("__name__", "")
-            if host is None or name not in METRICS or not len(vals):
-                continue
-            bit = 0   # a clock-event count stands for its reason's bit while it counts
-            if name == CLOCK_EVENTS_COUNT:
-                bit = gh.CLOCK_EVENT_BITS.get(gh.EXPORTER_CLOCK_EVENTS.get(labels.get("clock_event", ""), ""))
-                if bit is None:
+        """The samples of an answer to :meth:`query`, for the job's hosts of ``idx``: per series the
+        labels read once; of duplicate series of one GPU and metric the one with the most points;
+        every kept series' points converted at once; one frame at the end, its text columns
+        categories (thousands of series a query, hundreds of thousands of points: nothing is done
+        per point in Python)."""
+        with _no_collection():
+            result = _matrix(body, self.url)
+            meta: dict[tuple[str, int, str], tuple] = {}   # one series a GPU and metric: the most points
+            for i, series in enumerate(result):
+                labels, vals = _series(series, i, self.url)
+                host = idx.job_host(_label(labels, self.host_label, i, self.url).rsplit(":", 1)[0]
+                                    if self.host_label == "instance" else _label(labels, self.host_label, i, self.url))
+                name, event = _label(labels, "__name__", i, self.url), _label(labels, "clock_event", i, self.url)
+                if host is None or name not in METRICS or not vals:
                     continue
-            meta.append((host, _gpu_index(labels.get("gpu", "")), labels.get("UUID", labels.get("uuid", "")),
-                         METRICS[name], f"{name}/{labels.get('clock_event', '')}", len(vals), len(points), bit))
-            points.append(vals)
-            where.append(f"{self.url}: series {i}")
-        if not meta:
-            return empty()
-        m = pd.DataFrame(meta, columns=["host", "gpu", "uuid", "signal", "series", "n", "i", "bit"])
-        m = m.sort_values(["n", "i"], ascending=[False, True]).drop_duplicates(["host", "gpu", "series"]).sort_values("i")
-        n = m["n"].to_numpy()
-        tv = _numbers([points[i] for i in m["i"]], [where[i] for i in m["i"]])
-        bit = np.repeat(m["bit"].to_numpy(dtype=float), n)
+                bit = 0   # a clock-event count stands for its reason's bit while it counts
+                if name == CLOCK_EVENTS_COUNT:
+                    bit = gh.CLOCK_EVENT_BITS.get(gh.EXPORTER_CLOCK_EVENTS.get(event, ""))
+                    if bit is None:
+                        continue
+                uuid = _label(labels, "UUID", i, self.url) or _label(labels, "uuid", i, self.url)
+                gpu = _gpu_index(_label(labels, "gpu", i, self.url))
+                seen = meta.get(key := (host, gpu, f"{name}/{event}"))
+                if seen is None or len(vals) > len(seen[-1]):
+                    meta[key] = (i, host, gpu, uuid, METRICS[name], bit, vals)
+            if not meta:
+                return empty()
+            at, host, gpu, uuid, signal, bit, points = zip(*sorted(meta.values(), key=lambda m: m[0]), strict=True)
+            tv = _numbers(list(points), list(at), self.url)
+        n = np.fromiter((len(p) for p in points), np.int64, len(points))
+        bit = np.repeat(np.asarray(bit, dtype=float), n)
         v = np.where(bit > 0, np.where(tv[:, 1] > 0, bit, np.where(np.isfinite(tv[:, 1]), 0.0, np.nan)), tv[:, 1])
-        frame = pd.DataFrame({c: _repeated(m[c], n) for c in ("host", "uuid", "signal")})
-        frame.insert(1, "gpu", np.repeat(m["gpu"].to_numpy(dtype=np.int64), n))
+        frame = pd.DataFrame({"host": _repeated(host, n), "gpu": np.repeat(np.asarray(gpu, dtype=np.int64), n),
+                              "uuid": _repeated(uuid, n), "signal": _repeated(signal, n)})
         frame["time"], frame["value"] = tv[:, 0] * 1000.0, v
         return clean(frame)
+
+
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    """The cyclic garbage collector held off while an answer is decoded: JSON's hundreds of thousands
+    of small lists (none of them a cycle) would set off collections that walk every object the
+    analyzer holds, about as long as the decoding itself on a busy process."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _gpu_index(label: str) -> int:
@@ -160,9 +205,9 @@ def _gpu_index(label: str) -> int:
     return int(label) if label.isascii() and label.isdigit() and len(label) < 6 else -1   # "²".isdigit()
 
 
-def _repeated(column: pd.Series, n: np.ndarray) -> pd.Categorical:
+def _repeated(labels: tuple[str, ...], n: np.ndarray) -> pd.Categorical:
     """Each series' label repeated for its points, as a category (no string per point)."""
-    codes, names = pd.factorize(column)
+    codes, names = pd.factorize(np.asarray(labels, dtype=object))
     return pd.Categorical.from_codes(np.repeat(codes, n), categories=pd.Index(names, dtype=object))
 
 
@@ -181,35 +226,40 @@ def _matrix(body: bytes, url: str) -> list:
     return data["result"]
 
 
-def _series(s: object, where: str) -> tuple[dict[str, str], np.ndarray]:
-    """(labels, its ``[[t, v], ...]`` as an object array, converted later with every series'); a
-    malformed one is refused naming it."""
+def _series(s: object, i: int, url: str) -> tuple[dict, list]:
+    """(labels, its ``[[t, v], ...]``), checked as far as their shape; each pair and label is
+    checked where it is used (:func:`_numbers`, :func:`_label`)."""
     metric = s.get("metric") if isinstance(s, dict) else None
-    if not isinstance(metric, dict) or len(metric) > _MAX_LABELS or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 128 and len(v) <= _MAX_TEXT
-            for k, v in metric.items()):
-        raise SourceUnavailable(f"{where}: 'metric' is not a set of at most {_MAX_LABELS} text labels")
+    if not isinstance(metric, dict) or len(metric) > _MAX_LABELS:
+        raise SourceUnavailable(f"{url}: series {i}: 'metric' is not a set of at most {_MAX_LABELS} text labels")
     values = s.get("values")
     if not isinstance(values, list):
-        raise SourceUnavailable(f"{where}: 'values' is not a list")
-    try:
-        arr = np.array(values, dtype=object)
-    except ValueError:
-        arr = None
-    if arr is None or (len(values) and (arr.ndim != 2 or arr.shape[1] != 2)):
-        raise SourceUnavailable(f"{where}: 'values' is not a list of [time, \"value\"] pairs")
-    return metric, arr.reshape(-1, 2)
+        raise SourceUnavailable(f"{url}: series {i}: 'values' is not a list")
+    return metric, values
 
 
-def _numbers(points: list[np.ndarray], where: list[str]) -> np.ndarray:
-    """Every series' points as floats at once (one conversion a query, not one a point in Python);
-    a series whose time or value is no number is refused naming it."""
+def _label(labels: dict, name: str, i: int, url: str) -> str:
+    """A label read from a series ("" where it has none); one that is no short text is refused."""
+    v = labels.get(name, "")
+    if not isinstance(v, str) or len(v) > _MAX_TEXT:
+        raise SourceUnavailable(f"{url}: series {i}: label {name[:40]!r} is not a text of at most {_MAX_TEXT} characters")
+    return v
+
+
+def _numbers(points: list[list], series: list[int], url: str) -> np.ndarray:
+    """Every kept series' ``[time, "value"]`` pairs as one float array (one conversion a query, not
+    one a series or point in Python); a series with anything else is refused naming it."""
+    total = sum(len(p) for p in points)
     try:
-        return np.concatenate(points).astype(float)
+        arr = np.array(list(chain.from_iterable(points)), dtype=object)
+        if arr.shape != (total, 2):
+            raise ValueError
+        return arr.astype(float)
     except (TypeError, ValueError):
-        for p, w in zip(points, where, strict=True):
+        for p, i in zip(points, series, strict=True):   # only on a bad answer: which series
             try:
-                p.astype(float)
+                if np.array(p, dtype=object).astype(float).shape != (len(p), 2):
+                    raise ValueError
             except (TypeError, ValueError):
-                raise SourceUnavailable(f"{w}: 'values' is not a list of [time, \"value\"] pairs") from None
-        raise
+                raise SourceUnavailable(f"{url}: series {i}: 'values' is not a list of [time, \"value\"] pairs") from None
+        raise SourceUnavailable(f"{url}: 'values' are not lists of [time, \"value\"] pairs") from None

@@ -9,6 +9,10 @@ answer (down, slow, an error status, an answer over its limit) raises :class:`So
 with one line saying why; one with nothing for those hosts answers an empty frame and says in
 ``note`` what it looked for.
 
+A check says two more things a source may use to read less: ``onset_ms``, before which only the
+baseline's statistics are taken (medians, shares, rates over half an hour: a coarser step serves
+them), and ``signals``, the only signals the check compares (``None``: every one).
+
 Example::
 
     >>> f = clean(pd.DataFrame({"host": ["a"] * 3, "gpu": [0] * 3, "uuid": [""] * 3, "signal": ["temperature_c"] * 3,
@@ -39,7 +43,8 @@ class TelemetrySource(Protocol):
     name: str
     note: str   # what the last call looked for, for a summary that found nothing
 
-    def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int) -> pd.DataFrame: ...
+    def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int, *, onset_ms: int | None = None,
+                signals: frozenset[str] | None = None) -> pd.DataFrame: ...
 
 
 def empty() -> pd.DataFrame:

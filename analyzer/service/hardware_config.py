@@ -51,18 +51,19 @@ class HardwareSettings:
     max_culprit_hosts: int = 8            # an incident naming more hosts is not checked
     max_checks: int = 100                 # incidents checked per job and cycle (the rest next cycle)
     max_points: int = 240                 # samples per series and query
+    baseline_points: int = 15             # samples per series in the baseline (Prometheus: its own, coarser step)
     rules: SignalRules = field(default_factory=SignalRules)
 
 
 _RANGES: dict[str, tuple[float, float]] = {
     "prometheus_timeout_s": (0.1, 120), "prometheus_max_mb": (0.1, 1024), "baseline_s": (60, 7 * 86400),
     "window_s": (30, 86400), "lag_s": (0, 3600), "refresh_s": (0, 86400), "peer_hosts": (0, 256),
-    "max_culprit_hosts": (1, 256), "max_checks": (1, 10_000), "max_points": (10, 11_000),
+    "max_culprit_hosts": (1, 256), "max_checks": (1, 10_000), "max_points": (10, 11_000), "baseline_points": (3, 11_000),
     "min_share_gap": (0.01, 1), "clock_drop": (0.01, 0.99), "temp_rise_c": (0.5, 100), "power_change": (0.01, 0.99),
     "rate_ratio": (1.01, 1e6), "min_rate": (0, 1e9), "nvlink_drop": (0.01, 0.99), "min_samples": (1, 10_000),
     "peer_share": (0.01, 1),
 }
-_INTS = {"peer_hosts", "max_culprit_hosts", "max_checks", "max_points", "min_samples"}
+_INTS = {"peer_hosts", "max_culprit_hosts", "max_checks", "max_points", "baseline_points", "min_samples"}
 _TEXTS = {"prometheus_url", "host_label", "selector", "nvidia_smi_database", "nvidia_smi_measurement"}
 _RULES = {f.name for f in dataclasses.fields(SignalRules)}
 KEYS = sorted({f.name for f in dataclasses.fields(HardwareSettings)} - {"rules"} | _RULES)

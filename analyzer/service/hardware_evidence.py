@@ -6,7 +6,8 @@ Per job and cycle, the incidents due (never checked, checked while their onset w
 whole and ``refresh_s`` ago, or last found ``unavailable``) are checked together, at most
 ``max_checks`` of them: per source **one query** over the union of their culprit hosts and
 ``peer_hosts`` of the job's other hosts (:func:`rankscope.gpu_health.peer_nodes`), from the earliest
-baseline to the latest onset window (incidents more than 6 hours apart are asked for apart, at
+baseline to the latest onset window (a source may read the baseline coarser, and a group of compute
+incidents only its signals: :data:`COMPUTE_READ`) (incidents more than 6 hours apart are asked for apart, at
 most 4 queries a source). A check is ``final`` once its onset window (``window_s`` after the onset,
 plus ``lag_s``) lies inside the job's data: it is kept in the record and never asked for again, a
 restarted analyzer included. A source that is down answers ``unavailable``: one log line (at most
@@ -31,6 +32,7 @@ from analyzer.read.gpu_samples import SourceUnavailable, TelemetrySource
 from analyzer.score.gpu_series import GpuSeries, prepare
 from analyzer.score.gpu_signals import COMPUTE_SIGNALS, LINK_SIGNALS, compare
 from analyzer.service.hardware_config import HardwareSettings
+from rankscope import gpu_health as gh
 from rankscope.gpu_health import peer_nodes
 from rankscope.incident import Incident, IncidentClass
 
@@ -39,6 +41,10 @@ log = logging.getLogger(__name__)
 RANK = {"hardware_fault": 3, "no_hardware_signal": 2, "unavailable": 1, "no_data": 0}
 #: Classes whose culprits are no machine's GPUs: not checked.
 UNCHECKED = {IncidentClass.PIPELINE_IMBALANCE}
+#: What a group of compute incidents is read for: the clocks' reasons, the levels and the errors
+#: (no link counters; a group with a link or silent incident reads every signal).
+COMPUTE_READ = frozenset({gh.REASONS, *gh.LEVELS, gh.XID, gh.ROW_REMAP_FAILURE, gh.REMAPPED_ROWS, gh.ECC_DBE})
+_EVERY_SIGNAL = {IncidentClass.LINK_DEGRADATION, IncidentClass.SILENT_RANK}
 _APART_MS = 6 * 3600_000
 _MAX_QUERIES = 4
 
@@ -100,11 +106,13 @@ class HardwareEvidence:
         culprits = {g["host"] for i in group for g in i.gpus}
         peers = {h for h in hosts if h not in culprits}   # never another incident's culprit
         records: dict[str, list[dict]] = {i.id: [] for i in group}
+        read = None if any(i.cls in _EVERY_SIGNAL for i in group) else COMPUTE_READ
         for source in self.sources:
             try:
                 with self._lock:
                     self.queries += 1
-                samples = source.samples(job, hosts, start, end)
+                samples = source.samples(job, hosts, start, end, onset_ms=min(i.onset_ms for i in group),
+                                         signals=read)
             except SourceUnavailable as exc:
                 self._log_once(source.name, f"job {job}: {exc}; the incidents say 'unavailable', asked again next cycle")
                 for i in group:
@@ -183,7 +191,8 @@ def hardware_evidence(store: Any, settings: HardwareSettings, env: Any) -> Hardw
                                       max_bytes=max_bytes, host_label=s.host_label, selector=s.selector,
                                       host_map=s.host_map, max_points=s.max_points,
                                       # the step gives an onset window its samples (min_samples), at most 30 s
-                                      min_step_s=min(MIN_STEP_S, s.window_s / (s.rules.min_samples + 1))))
+                                      min_step_s=min(MIN_STEP_S, s.window_s / (s.rules.min_samples + 1)),
+                                      baseline_points=s.baseline_points))
     url = getattr(store, "url", None)
     if s.nvidia_smi_database:
         if not url:
