@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,25 +104,42 @@ class GpuSeries:
     counters: Increments
     errors: pd.DataFrame
 
-    def __post_init__(self) -> None:   # the columns as arrays: asked for by every incident
-        for c in ("key", "host", "uuid"):
-            object.__setattr__(self, f"_{c}", self.gpus[c].to_numpy(dtype=object))
+    def __post_init__(self) -> None:   # asked for by every incident: the columns as arrays, the names indexed
+        for c in ("key", "host", "uuid", "gpu"):
+            object.__setattr__(self, f"_{c}", self.gpus[c].to_numpy(dtype=np.int64 if c == "gpu" else object))
+        index: dict[str, dict[str, list[int]]] = {"key": {}, "host": {}, "uuid": {}}
+        for c, names in index.items():
+            for i, name in enumerate(getattr(self, f"_{c}").tolist()):
+                if name:
+                    names.setdefault(name, []).append(i)
+        object.__setattr__(self, "_index", index)
 
     @property
     def keys(self) -> np.ndarray:
         return self._key
 
-    def of_hosts(self, hosts: set[str]) -> np.ndarray:
+    def _mask(self, column: str, names: Iterable[str]) -> np.ndarray:
+        at = [i for n in names for i in self._index[column].get(str(n), ())]
+        mask = np.zeros(len(self._key), bool)
+        mask[at] = True
+        return mask
+
+    def of_hosts(self, hosts: Iterable[str]) -> np.ndarray:
         """Whether each GPU is on one of ``hosts``."""
-        return np.isin(self._host, list(hosts))
+        return self._mask("host", hosts)
 
     def named(self, culprits: pd.DataFrame) -> np.ndarray:
         """Whether each GPU is one of ``culprits`` (host, gpu, uuid; gpu -1: every GPU of the host):
-        by UUID where both sides know it, else by host and index."""
-        uuids = [str(u) for u in culprits["uuid"] if str(u)]
-        pairs = [f"{h}/{i}" for h, i in zip(culprits["host"], culprits["gpu"], strict=True)]
-        whole = [str(h) for h, i in zip(culprits["host"], culprits["gpu"], strict=True) if i < 0]
-        return np.isin(self._uuid, uuids) | np.isin(self._key, pairs) | np.isin(self._host, whole)
+        by UUID where both sides know it, else by host and index (a lookup per culprit, not a
+        comparison of every GPU's names)."""
+        hosts, gpus = culprits["host"].tolist(), [int(g) for g in culprits["gpu"].tolist()]
+        return (self._mask("uuid", [u for u in culprits["uuid"].tolist() if str(u)])
+                | self._mask("key", [f"{h}/{i}" for h, i in zip(hosts, gpus, strict=True)])
+                | self._mask("host", [h for h, i in zip(hosts, gpus, strict=True) if i < 0]))
+
+    def gpu_columns(self, at: np.ndarray) -> dict[str, np.ndarray]:
+        """``gpus``' rows ``at`` as columns (``key``, ``host``, ``gpu``, ``uuid``)."""
+        return {"key": self._key[at], "host": self._host[at], "gpu": self._gpu[at], "uuid": self._uuid[at]}
 
 
 def _codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:

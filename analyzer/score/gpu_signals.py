@@ -58,15 +58,19 @@ class Comparison:
     """What :func:`compare` found: ``table`` (per culprit GPU and signal), ``gpus`` (the culprit GPUs
     with samples in the window: ``key``, ``host``, ``gpu``, ``uuid``, and how many sample times
     ``before`` and ``after``) and ``peer_gpus`` (the peer GPUs with samples in the window); the
-    table is kept as ``columns`` (arrays) and made a frame only when asked for."""
+    table and the GPUs are kept as columns (arrays) and made frames only when asked for."""
 
     columns: dict[str, np.ndarray]
-    gpus: pd.DataFrame
+    gpu_columns: dict[str, np.ndarray]
     peer_gpus: int
 
     @property
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(self.columns)
+
+    @property
+    def gpus(self) -> pd.DataFrame:
+        return pd.DataFrame(self.gpu_columns)
 
     def rows(self) -> list[dict]:
         """The table's rows as records (without building the frame: one incident's few hundred)."""
@@ -74,7 +78,7 @@ class Comparison:
 
     def gpu_rows(self) -> list[dict]:
         """:attr:`gpus` as records."""
-        return records({c: self.gpus[c].to_numpy() for c in self.gpus.columns})
+        return records(self.gpu_columns)
 
 
 def records(columns: dict[str, np.ndarray]) -> list[dict]:
@@ -237,15 +241,15 @@ def _faults(out: dict[str, np.ndarray], rules: SignalRules, signals: tuple[str, 
     return {**out, "fault": fault, "context": context, "codes": codes}
 
 
-def _present(series: GpuSeries, win: _Window) -> tuple[pd.DataFrame, int, int]:
-    """The culprit GPUs with samples in the window and their sample times per phase; how many
-    peer GPUs have samples in the window, and after the onset."""
+def _present(series: GpuSeries, win: _Window) -> tuple[dict[str, np.ndarray], int, int]:
+    """The culprit GPUs with samples in the window and their sample times per phase (columns); how
+    many peer GPUs have samples in the window, and after the onset."""
     seen, k = series.seen, len(series.gpus)
     m, phase = win.take(seen, seen.time)
     n = _sums(seen.key[m] * 2 + phase, 2 * k).reshape(k, 2).astype(int)
     here = n.sum(axis=1) > 0
     mine = np.flatnonzero(here & (win.role == 1))
-    gpus = series.gpus.iloc[mine].assign(before=n[mine, 0], after=n[mine, 1]).reset_index(drop=True)
+    gpus = {**series.gpu_columns(mine), BEFORE: n[mine, 0], AFTER: n[mine, 1]}
     peers = win.role == 0
     return gpus, int((here & peers).sum()), int(((n[:, 1] > 0) & peers).sum())
 
@@ -265,4 +269,4 @@ def compare(series: GpuSeries, culprits: pd.DataFrame, onset_ms: int, before_ms:
     if len(err):
         out = {c: np.concatenate([out[c], err[c].to_numpy()]) for c in out}
     order = sorted(range(len(out["key"])), key=lambda i: (out["key"][i], out["signal"][i]))
-    return Comparison(columns={c: v[order] for c, v in out.items()}, gpus=gpus, peer_gpus=peer_gpus)
+    return Comparison(columns={c: v[order] for c, v in out.items()}, gpu_columns=gpus, peer_gpus=peer_gpus)
