@@ -199,6 +199,11 @@ def _increments(key: np.ndarray, signal: np.ndarray, time: np.ndarray, value: np
     return Increments(k[same], s[same], t[same], inc[same], dt[same], since[same])
 
 
+def _named(code: np.ndarray, names: list[str], *wanted: str) -> np.ndarray:
+    """Whether each sample's signal (``code`` into ``names``) is one of ``wanted``."""
+    return np.isin(code, [i for i, n in enumerate(names) if n in wanted])
+
+
 def prepare(samples: pd.DataFrame) -> GpuSeries:
     """``samples`` (the sources' long frame) laid out for :func:`analyzer.score.gpu_signals.compare`."""
     gpus, key = _gpus(samples)
@@ -209,21 +214,24 @@ def prepare(samples: pd.DataFrame) -> GpuSeries:
     order = np.lexsort((value, time, code, key))
     k, c, t, v = key[order], code[order], time[order], value[order]
     first = np.r_[True, (k[1:] != k[:-1]) | (c[1:] != c[:-1]) | (t[1:] != t[:-1]) | (v[1:] != v[:-1])][: len(k)]
-    key, time, value, sig = k[first], t[first], v[first], names[c[first]] if len(names) else c[first].astype(object)
+    key, time, value, code = k[first], t[first], v[first], c[first]
     order, starts = _runs(key, time)
     seen = Times(key[order][starts], time[order][starts])
-    r = sig == gh.REASONS
-    lv = np.isin(sig, LEVELS)
-    ct = np.isin(sig, COUNTERS)
-    lv_code = pd.Categorical(sig[lv], categories=LEVELS).codes.astype(np.int64)
-    ct_code = pd.Categorical(sig[ct], categories=COUNTERS).codes.astype(np.int64)
+    # each signal as its code's place in LEVELS / COUNTERS (-1: not one), compared as integers, not names
+    names = [str(n) for n in names]
+    level_of, counter_of = (np.array([kind.index(n) if n in kind else -1 for n in names] + [-1], dtype=np.int64)
+                            for kind in (LEVELS, COUNTERS))
+    r = _named(code, names, gh.REASONS)
+    lv, ct = level_of[code] >= 0, counter_of[code] >= 0
+    lv_code, ct_code = level_of[code[lv]], counter_of[code[ct]]
     counters = _increments(key[ct], ct_code, time[ct], value[ct])
-    flags = np.isin(sig, [gh.XID, gh.ROW_REMAP_FAILURE]) & (value > 0)
+    flags = _named(code, names, gh.XID, gh.ROW_REMAP_FAILURE) & (value > 0)
     memory = np.isin(counters.signal, [COUNTERS.index(gh.REMAPPED_ROWS), COUNTERS.index(gh.ECC_DBE)]) \
         & (counters.inc > 0)
     errors = pd.DataFrame({
         "key": np.r_[key[flags], counters.key[memory]],
-        "signal": np.r_[sig[flags], np.asarray(COUNTERS, dtype=object)[counters.signal[memory]]].astype(object),
+        "signal": np.r_[np.asarray(names + [""], dtype=object)[code[flags]],
+                        np.asarray(COUNTERS, dtype=object)[counters.signal[memory]]].astype(object),
         "time": np.r_[time[flags], counters.time[memory]],
         "since": np.r_[time[flags], counters.since[memory]],
         "value": np.r_[value[flags], counters.inc[memory]]})
