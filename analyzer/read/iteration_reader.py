@@ -108,6 +108,7 @@ class IterationReader:
         self._late_logged = 0
         self._began: int | None = None       # read_until when this cycle began (rewind)
         self._held: pd.DataFrame | None = None   # a chunk handed on, not yet taken
+        self._fed_segment: int | None = None     # the segment of the last chunk fed (attempts.py)
 
     @property
     def counts(self) -> AssemblyCounts:
@@ -216,6 +217,15 @@ class IterationReader:
         ready = self.assembler.ready(self.expected, now, final)
         if len(ready):
             yield from self._hand(ready)
+
+    def restarted(self, ready: pd.DataFrame) -> bool:
+        """Whether ``ready`` (a segment's rows) begins a later segment than the one fed before it: the
+        job restarted (or a new job began under its name: :class:`~analyzer.service.job_life.JobLife`
+        tells the two apart). The first chunk of a reader is no restart."""
+        k = int(ready[SEGMENT].iloc[0]) if SEGMENT in ready.columns and len(ready) else 0
+        later = self._fed_segment is not None and k > self._fed_segment
+        self._fed_segment = k if self._fed_segment is None else max(k, self._fed_segment)
+        return later
 
     def took(self) -> None:
         """The chunk handed on last is taken (fed), though the caller stops asking for more (a

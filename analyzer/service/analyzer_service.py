@@ -19,7 +19,12 @@ pending (an iteration is fed once, whatever is read again), the cursor goes back
 cycle began, and the next cycle first stores the outputs of a cycle that analyzed all it read,
 then reads again; one that failed before that leaves its outputs to the next, which adds its own.
 
-After a restart the state is rebuilt from the database: the job's incidents are read back (an
+Restarts are found by the read (the reader's :class:`~analyzer.read.attempts.Attempts` number the
+segments; :meth:`IterationReader.restarted` says when a chunk begins a later one); a job's life
+(ended, a new job under its name, what an end writes) is decided by
+:class:`~analyzer.service.job_life.JobLife`. The cycle only feeds, stores and releases.
+
+After a restart of the analyzer the state is rebuilt from the database: the job's incidents are read back (an
 open one keeps its id: re-detected culprits join it), the last ``history`` iterations analyzed
 are replayed to warm up, and the ``rollup_host_5m`` windows stored are read once, from the hour
 of the first window to write (:meth:`~analyzer.write.outputs.JobRollups.resume`).
@@ -47,15 +52,7 @@ from analyzer.read.stream_feed import StreamFeed
 from analyzer.read.subscription import Subscription
 from analyzer.service.action_follow import follow_actions
 from analyzer.service.cycle_report import CycleFailed, CycleReport, IncidentEvidence
-from analyzer.service.job_life import (
-    RANKS_LEFT,
-    JobEnd,
-    close_open,
-    ended_row,
-    idle,
-    left_ranks,
-    stored_end,
-)
+from analyzer.service.job_life import RANKS_LEFT, JobEnd, JobLife, close_open, left_ranks
 from analyzer.service.kernel_cycle import KernelCycle
 from analyzer.service.shards import Shard
 from analyzer.write.outputs import CycleOutputs, JobRollups
@@ -92,11 +89,9 @@ class AnalyzerService:
         self.readers: dict[str, IterationReader] = {}   # each job's stage_latency, whole iterations
         self.rollups: dict[str, JobRollups] = {}        # each job's rollups, windows made in memory
         self.pending: dict[str, CycleOutputs] = {}      # each job's outputs not yet stored
-        self.ended: dict[str, JobEnd] = {}              # jobs that ended (released), until reused
+        self.life = JobLife(store)                      # which jobs ended, what an end writes
         self.kernels = KernelCycle(store)               # L3: each job's kernel windows
         self.evidence = list(evidence)                  # sources attaching evidence to incidents
-        self._started: dict[str, int] = {}   # the segment each job's analyzer began in; ... was fed last:
-        self._segment: dict[str, int] = {}
 
     def reconfigure(self, cfg: AnalyzerConfig) -> None:
         """New thresholds for every job from the next cycle on, no state lost."""
@@ -147,26 +142,20 @@ class AnalyzerService:
         return part, err
 
     def _reader(self, job: str) -> IterationReader | None:
-        """The job's reader; None for a job that ended and wrote nothing since. A job that
-        ended and writes again is a new job under the same name: read from its first point,
-        its steps after the old job's."""
+        """The job's reader (:meth:`JobLife.reader`: None for a job that ended and wrote nothing since)."""
         reader = self.readers.get(job)
         if reader is not None:
             return reader
-        end = self.ended.get(job) or stored_end(self.store, job)
-        reader = IterationReader(self.store, job, self.chunk, self.max_read_rows, stream=self.stream)
-        if end is not None:
-            after = reader.first_point_after(end.end_ms)
-            if after is None:
-                self.ended[job] = end
-                return None
-            log.info("job %s: a new job under the name of one that ended", job)
-            reader = IterationReader(self.store, job, self.chunk, self.max_read_rows, since_ms=after,
-                                     stream=self.stream)
-            reader.attempts = Attempts(job, base_step=end.step + 1)
-            self.ended.pop(job, None)
-        reader.attempts.idle_ms = int(self.cfg.job_idle_s * 1000)
-        self.readers[job] = reader
+
+        def make(since_ms: int | None, base_step: int) -> IterationReader:
+            made = IterationReader(self.store, job, self.chunk, self.max_read_rows, since_ms=since_ms, stream=self.stream)
+            made.attempts = Attempts(job, base_step=base_step) if base_step else made.attempts
+            made.attempts.idle_ms = int(self.cfg.job_idle_s * 1000)
+            return made
+
+        reader = self.life.reader(job, make)
+        if reader is not None:
+            self.readers[job] = reader
         return reader
 
     def _cycle_job(self, job: str, report: CycleReport, final: bool) -> None:
@@ -276,22 +265,14 @@ class AnalyzerService:
         return ja
 
     def _new_job_segment(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs) -> None:
-        """At a segment that starts a new job under the same name (the points resumed after the
-        idle time), the old job ends: its open incidents close as "job ended", and the next
-        analyzer starts afresh."""
-        if SEGMENT not in ready.columns or job not in self.analyzers:
-            return
-        k = int(ready[SEGMENT].iloc[0])
-        if reader.attempts.segments[k].kind != "start" or k <= self._started.get(job, 0):
+        """At a segment that starts a new job under the same name (:meth:`JobLife.new_job_at`), the
+        old job ends: its open incidents close as "job ended", and the next analyzer starts afresh."""
+        if job not in self.analyzers or not self.life.new_job_at(job, reader, ready):
             return
         old = self.analyzers.pop(job)
         log.info("job %s: the job ended at step %d; a new job under its name from its next point", job, old.last_iteration)
-        for inc in close_open(old.incidents(), old.last_iteration):
-            out.incidents[inc.id] = inc
-        end = JobEnd(int(old.last_time_ms), int(old.last_iteration))
-        seg = reader.attempts.segments[k - 1]
-        out.lifecycle.append(ended_row(job, end, seg.attempt, end.step - seg.offset, old.topo.world))
-        self._started[job] = k
+        k = int(ready[SEGMENT].iloc[0])
+        self.life.end(job, old, JobEnd(int(old.last_time_ms), int(old.last_iteration)), reader.attempts.segments[k - 1], out)
 
     # --------------------------------------------------------------- start
     def _analyzer(self, job: str, reader: IterationReader, ready: pd.DataFrame, out: CycleOutputs) -> JobAnalyzer:
@@ -300,8 +281,7 @@ class AnalyzerService:
         when the layout itself changed (a job that shrank or grew at a restart), which takes
         over the job's incidents (those of ranks that left close)."""
         ja = self.analyzers.get(job)
-        k = int(ready[SEGMENT].iloc[0]) if SEGMENT in ready.columns and len(ready) else 0
-        restart, self._segment[job] = k > self._segment.get(job, k), k
+        restart = reader.restarted(ready)
         if ja is None:
             return self._start_job(job, self.topology or reader.topology(ready),
                                    self.stages or reader.stages(ready, held=True), out, reader.job_start_ms())
@@ -363,14 +343,12 @@ class AnalyzerService:
         whole cluster stops writing (the collectors' path or the database is down) no job ends."""
         newest = [r.read_until for r in list(self.readers.values()) if r.read_until is not None]
         now_ms = min(int(self.clock() * 1000), max(newest, default=0))
-        for job in [j for j, r in self.readers.items() if j in self.analyzers and j not in self.pending
-                    and idle(r, now_ms, self.cfg.job_idle_s)]:
-            reader = self.readers[job]
-            ja, seg = self.analyzers[job], reader.attempts.segments[-1]
+        running = [j for j in self.analyzers if j not in self.pending]
+        for job in self.life.idle_jobs(self.readers, running, now_ms, self.cfg.job_idle_s):
+            reader, ja = self.readers[job], self.analyzers[job]
             end = JobEnd(int(reader.read_until), int(max(ja.last_iteration, reader.attempts.high[-1])))
-            out = CycleOutputs(lifecycle=[ended_row(job, end, seg.attempt, end.step - seg.offset, ja.topo.world)])
-            for inc in close_open(ja.incidents(), ja.last_iteration):
-                out.incidents[inc.id] = inc
+            out = CycleOutputs()
+            self.life.end(job, ja, end, reader.attempts.segments[-1], out)
             try:
                 if job in self.rollups:
                     self.rollups[job].flush(self.store, ja.last_time_ms, now_ms, final=True, force=True)
@@ -383,9 +361,8 @@ class AnalyzerService:
                      self.cfg.job_idle_s, len(out.incidents))
             report.incidents += list(out.incidents.values())
             report.ended.append(job)
-            self.ended[job] = end
-            for held in (self.analyzers, self.readers, self.rollups, self._started, self._segment,
-                         *self.kernels.per_job()):
+            self.life.released(job, end)
+            for held in (self.analyzers, self.readers, self.rollups, *self.kernels.per_job()):
                 held.pop(job, None)
 
     def stored_incidents(self, job: str | None = None) -> list[Incident]:
