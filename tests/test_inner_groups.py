@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from analyzer.diagnosis.node_culprits import complete_nodes, rose_with
+from analyzer.diagnosis.node_culprits import complete_nodes, far_slower, rises, rose_with
 from analyzer.job_analyzer import JobAnalyzer
 from evaluation.accuracy import Case, run_case, score_case
 from rankscope.frames import LatencyCube
@@ -104,10 +104,25 @@ def test_node_completion_adds_risen_ranks_and_the_join_needs_a_like_rise():
     assert complete_nodes(np.array([4, 5, 7]), now, before, 0, topo).tolist() == [4, 5, 6, 7]
     assert complete_nodes(np.array([4]), now, before, 0, topo).tolist() == [4]   # one rank: no node fault
     values = np.concatenate([before, now])
-    since, until = np.arange(6) >= 3, np.arange(6) < 3
+    its, at3 = np.arange(6), np.array([3, 3])
     values[3:, 6] = 80.0                  # rank 6 x8: rank 7 (x1.3) is not slow by its fault
-    assert rose_with(np.array([5, 7]), 0, np.array([6]), 0, 3, values, since, until).tolist() == [False, False]
+    assert rose_with(np.array([5, 7]), at3, 0, np.array([6]), 0, 3, values, its).tolist() == [False, False]
     values[3:, 5] = 70.0
-    assert rose_with(np.array([5, 7]), 0, np.array([6]), 0, 3, values, since, until).tolist() == [True, False]
+    assert rose_with(np.array([5, 7]), at3, 0, np.array([6]), 0, 3, values, its).tolist() == [True, False]
     # the other way round: an x8 rank is no GPU of the x1.3 fault of a rank it shares a node with
-    assert rose_with(np.array([6]), 0, np.array([7]), 0, 3, values, since, until).tolist() == [False]
+    assert rose_with(np.array([6]), at3[:1], 0, np.array([7]), 0, 3, values, its).tolist() == [False]
+
+
+def test_a_rank_that_turned_slow_later_is_measured_from_its_own_onset():
+    """Rank 2 x1.4 from iteration 5 (an incident); rank 3 x10 from iteration 15: since iteration 5
+    its median is its healthy level's (x1.0-ish, like rank 2's x1.4), from its own onset x10."""
+    values = np.full((20, 4, 1), 10.0)
+    values[5:, 2] = 14.0
+    values[15:, 3] = 100.0
+    its = np.arange(20)
+    assert rose_with(np.array([3]), np.array([15]), 0, np.array([2]), 0, 5, values, its).tolist() == [False]
+    rise, theirs = rises(np.array([3]), np.array([15]), 0, np.array([2]), 0, 5, values, its)
+    assert rise.tolist() == [10.0] and theirs == pytest.approx(1.4)
+    assert far_slower(rise, theirs).tolist() == [True] and far_slower(rise, float("nan")).tolist() == [False]
+    values[15:, 3] = 15.0                 # x1.5 from its onset: alike, the same node's fault
+    assert rose_with(np.array([3]), np.array([15]), 0, np.array([2]), 0, 5, values, its).tolist() == [True]

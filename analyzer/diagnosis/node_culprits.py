@@ -55,23 +55,44 @@ def complete_nodes(ranks: np.ndarray, now: np.ndarray, before: np.ndarray, s: in
     return np.union1d(ranks, np.flatnonzero(join))
 
 
-def rose_with(ranks: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, onset: int,
-              values: np.ndarray, since: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """Which of ``ranks`` (slow in stage ``s``) rose since ``onset`` about as much as ``culprits``
-    in their stage (each rise at least :data:`SHARE` of the other): a rank of a slow node that is
-    slow by the node's fault, not a GPU the OS preempted for a while beside a far slower one, nor
-    a far slower GPU beside a few preempted ones. ``values``:
-    the window ``[T, R, S]``; ``since``/``before``: its rows from the onset on and before it."""
+def rises(ranks: np.ndarray, onsets: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, onset: int,
+          values: np.ndarray, iterations: np.ndarray) -> tuple[np.ndarray, float]:
+    """How far each of ``ranks`` rose in stage ``s`` since its own onset (``onsets``), and how far
+    ``culprits`` rose in their stage since their ``onset`` (median; NaN without iterations on both
+    sides). Each rise is measured from its own onset: a rank that turned slow long after the
+    incident began, measured from the incident's onset, would average its slow stretch with the
+    healthy one before it. ``values``: the window ``[T, R, S]`` of the kept ``iterations``."""
     ranks = np.asarray(ranks, dtype=np.int64)
-    now, then = values[since], values[before]
-    if not len(now) or not len(then):
-        return np.ones(len(ranks), dtype=bool)
+    then = iterations < onset
+    if not then.any() or not (~then).any():
+        return np.full(len(ranks), np.nan), float("nan")
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        rise = np.nanmedian(now[:, ranks, s], axis=0) / np.nanmedian(then[:, ranks, s], axis=0)
-        theirs = np.nanmedian(np.nanmedian(now[:, culprits, s_culprits], axis=0)
-                              / np.nanmedian(then[:, culprits, s_culprits], axis=0))
-    if not theirs > 1.0:
-        return np.ones(len(ranks), dtype=bool)
-    # alike both ways: a far slower rank is a fault of its own, not one more GPU of a node's fault
-    return ~(rise < 1.0 + SHARE * (theirs - 1.0)) & ~(theirs < 1.0 + SHARE * (rise - 1.0))
+        late = iterations[:, None] >= np.asarray(onsets)[None, :]                   # [T, ranks]
+        own = values[:, ranks, s]
+        rise = np.nanmedian(np.where(late, own, np.nan), axis=0) / np.nanmedian(np.where(late, np.nan, own), axis=0)
+        theirs = np.nanmedian(np.nanmedian(values[~then][:, culprits, s_culprits], axis=0)
+                              / np.nanmedian(values[then][:, culprits, s_culprits], axis=0))
+    return rise, float(theirs)
+
+
+def far_slower(rise: np.ndarray, theirs: float) -> np.ndarray:
+    """Rises far above the culprits' (theirs under :data:`SHARE` of them): a fault of its own.
+    Where the culprits did not rise, any rise is; where nothing could be measured (NaN), none."""
+    rise = np.asarray(rise, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return theirs < 1.0 + SHARE * (rise - 1.0)
+
+
+def rose_with(ranks: np.ndarray, onsets: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, onset: int,
+              values: np.ndarray, iterations: np.ndarray) -> np.ndarray:
+    """Which of ``ranks`` (slow in stage ``s`` from ``onsets``) rose about as much as ``culprits`` in
+    their stage (:func:`rises`; each rise at least :data:`SHARE` of the other): a rank of a slow
+    node that is slow by the node's fault, not a GPU the OS preempted for a while beside a far
+    slower one, nor a far slower GPU beside a few preempted ones (culprits that did not rise at all
+    are like no risen rank). Where nothing could be measured (no iteration before the onset kept),
+    every rank counts."""
+    rise, theirs = rises(ranks, onsets, s, culprits, s_culprits, onset, values, iterations)
+    if not np.isfinite(theirs):
+        return np.ones(len(rise), dtype=bool)
+    return ~(rise < 1.0 + SHARE * (theirs - 1.0)) & ~far_slower(rise, theirs)

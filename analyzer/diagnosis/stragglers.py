@@ -5,8 +5,11 @@ is confirmed: a compute straggler when the stage is compute-only, a host
 stall when it is host-side (the data loader). Ranks confirmed together
 (onsets within ``transient_max + 1`` iterations, at most a node apart) form one
 incident; ranks confirmed later that overlap an open incident, or sit next to
-it with a close onset in the same stage, join it. The incident stays active
-while at least half of its reporting culprits are hot in its stage.
+it with a close onset in the same stage, join it; but a culprit far slower now
+in another stage than in the incident's (its rise from its own onset against
+theirs: :func:`~analyzer.diagnosis.node_culprits.far_slower`) is a fault of its
+own, named in that stage. The incident stays active while at least half of its
+reporting culprits are hot in its stage.
 
 Example::
 
@@ -26,7 +29,7 @@ import numpy as np
 from analyzer.config import AnalyzerConfig
 from analyzer.diagnosis.book import IncidentBook
 from analyzer.diagnosis.inner_groups import descend_in_stage, note_descent
-from analyzer.diagnosis.node_culprits import rose_with
+from analyzer.diagnosis.node_culprits import far_slower, rises, rose_with
 from analyzer.diagnosis.observation import Observation
 from analyzer.diagnosis.rank_cells import RankCells
 from analyzer.diagnosis.rank_evidence import (
@@ -50,6 +53,7 @@ class StragglerRule(Rule):
     def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig, cells: RankCells):
         super().__init__(job, topo, stages, cfg)
         self.cells = cells
+        self._apart: set[int] = set()
 
     def class_of(self, stage: int) -> IncidentClass:
         return (IncidentClass.HOST_STALL if self.stages.stages[stage].kind == "host"
@@ -61,6 +65,7 @@ class StragglerRule(Rule):
         if not confirmed.any():
             return []
         out: list[Incident] = []
+        self._apart: set[int] = set()   # culprits of an open incident far slower in another stage now
         gap = onset_gap(self.cfg.transient_max)
         ranks_c, stages_c = np.nonzero(confirmed)
         for s in np.unique(stages_c):
@@ -80,7 +85,8 @@ class StragglerRule(Rule):
         cls = self.class_of(s)
         d = descend_in_stage(ranks, int(onsets.min()), s, obs, self.topo, self.stages, self.cfg)
         self.cells.claim(np.union1d(ranks, d.ranks), s)
-        held = next((i for i in book.open() if i.cls == cls and np.isin(d.ranks, i.ranks).all()), None)
+        held = None if self._apart & set(d.ranks.tolist()) else \
+            next((i for i in book.open() if i.cls == cls and np.isin(d.ranks, i.ranks).all()), None)
         if held is not None:   # they wait for the culprit of an open incident (found in another stage)
             note_descent(held, d)
             out.append(held)
@@ -95,7 +101,8 @@ class StragglerRule(Rule):
     def _join_open(self, ranks: np.ndarray, onsets: np.ndarray, s: int, cls: IncidentClass,
                    obs: Observation, book: IncidentBook, out: list[Incident]) -> tuple[np.ndarray, np.ndarray]:
         """Ranks that fit an open incident of the same class join it; the rest are returned. They
-        fit when they are its culprits, or on its nodes and risen as much as its culprits, about (one
+        fit when they are its culprits (unless far slower in another stage), or on its nodes and risen
+        as much as its culprits, about (one
         machine is one fault to drain, in any stage, whenever its ranks cross the bar), or next to it with a close onset in its stage;
         those that only wait for its culprits (inner groups) are held by it, not named."""
         stage = self.stages.stages[s].name
@@ -113,9 +120,16 @@ class StragglerRule(Rule):
             if same_node.any():   # by the node's fault: risen as much as its culprits, about
                 win = obs.window
                 same_node[same_node] = rose_with(
-                    ranks[same_node], s, np.asarray(inc.ranks, dtype=np.int64), self.stages.index(inc.stage),
-                    inc.onset_iteration, win.values, win.since(inc.onset_iteration), win.before(inc.onset_iteration))
+                    ranks[same_node], onsets[same_node], s, np.asarray(inc.ranks, dtype=np.int64),
+                    self.stages.index(inc.stage), inc.onset_iteration, win.values, win.iterations)
             ours = np.isin(ranks, inc.ranks)
+            if ours.any() and inc.stage != stage:   # its culprits, slow in another stage: far slower there
+                rise, theirs = rises(ranks[ours], onsets[ours], s, np.asarray(inc.ranks, dtype=np.int64),
+                                     self.stages.index(inc.stage), inc.onset_iteration, obs.window.values,
+                                     obs.window.iterations)
+                far = far_slower(rise, theirs)   # is a fault of its own (a new incident), not the same
+                self._apart.update(ranks[ours][far].tolist())
+                ours[ours] = ~far
             join = ours | same_node | (near & close & (inc.stage == stage))
             if 2 * ours.sum() >= len(ranks):   # mostly its culprits: the rest come with them
                 join[:] = True
