@@ -281,7 +281,8 @@ def test_a_short_onset_window_is_asked_for_at_a_finer_step():
 def test_a_check_asks_for_its_signals_only_and_for_the_baseline_at_a_coarser_step(prom, monkeypatch):
     """A compute straggler's check reads no link counters; a link degradation's reads them (and
     finds the replays). Each asks for the baseline and the onset window apart, the baseline at
-    about BASELINE_POINTS samples a series, with no sample time asked for twice."""
+    about BASELINE_POINTS samples a series and of the culprit's host alone (the peers are
+    compared after the onset), with no sample time asked for twice."""
     from analyzer.read import dcgm_prometheus
     from analyzer.read.dcgm_prometheus import BASELINE_POINTS, MIN_STEP_S
 
@@ -305,6 +306,10 @@ def test_a_check_asks_for_its_signals_only_and_for_the_baseline_at_a_coarser_ste
         assert float(base["end"]) < job.onset_ms / 1000 == float(window["start"])
         assert float(window["step"]) == MIN_STEP_S
         assert float(base["step"]) == pytest.approx((float(base["end"]) - float(base["start"])) / BASELINE_POINTS, abs=1)
+        culprit, peer = job.hosts()[job.culprit], job.hosts()[job.culprit - 1]
+        names_base, names_window = (a["query"].replace("\\", "") for a in (base, window))   # names as regexes
+        assert culprit in names_base and peer not in names_base, base["query"]
+        assert culprit in names_window and peer in names_window, window["query"]
 
 
 def test_a_label_that_is_no_text_is_refused_naming_its_series_and_the_collector_is_back_on():

@@ -15,10 +15,11 @@ its reason's bit where the count is above 0). Duplicate series of one GPU and me
 jobs, an HA pair) count once: the one with the most samples.
 
 A check asks for less where it says so (:class:`~analyzer.read.gpu_samples.TelemetrySource`):
-only the metrics of its ``signals``, and the baseline before ``onset_ms`` in a query of its own at
-a step that gives it about ``baseline_points`` samples a series (its medians, shares and rates
-need no more; the onset window keeps the fine step). That is half the points of one query at the
-fine step over both windows, and the JSON decoded and laid out scales with them.
+only the metrics of its ``signals``, and the baseline before ``onset_ms`` in a query of its own,
+for ``baseline_hosts`` only (the culprits: peers are compared after the onset), at a step that
+gives it about ``baseline_points`` samples a series (its medians, shares and rates need no more;
+the onset window keeps the fine step). That is less than half the points of one query at the fine
+step over both windows and hosts, and the JSON decoded and laid out scales with them.
 
 The answer is read within ``timeout_s`` and ``max_bytes`` (:func:`rankscope.bounded_http.bounded_get`),
 its JSON checked; anything else is :class:`SourceUnavailable` naming the server and what went wrong.
@@ -121,16 +122,20 @@ class DcgmPrometheus:
         return [(start_ms, cut - 1, coarse), (cut, end_ms, fine)]   # query_range includes its end: no sample twice
 
     def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int, *, onset_ms: int | None = None,
+                baseline_hosts: frozenset[str] | None = None,
                 signals: frozenset[str] | None = None) -> pd.DataFrame:
         """Every sample of ``signals`` of ``hosts`` in ``start_ms`` .. ``end_ms`` (:mod:`analyzer.read.gpu_samples`),
         asked for :data:`HOSTS_PER_QUERY` hosts at a time (each answer stays well inside ``max_bytes``)
-        and per range of :meth:`steps`."""
+        and per range of :meth:`steps`; the baseline range for ``baseline_hosts`` only."""
         self.note = f"no host name a query can carry among {', '.join(hosts[:3])}"
         if not self.names(hosts) or end_ms <= start_ms:
             return empty()
         self.note = f"{self.host_label} matching {', '.join(hosts[:3])}{' ...' if len(hosts) > 3 else ''}"
-        asked = [(hosts[i:i + HOSTS_PER_QUERY], lo, hi, step) for i in range(0, len(hosts), HOSTS_PER_QUERY)
-                 for lo, hi, step in self.steps(start_ms, end_ms, onset_ms) if self.names(hosts[i:i + HOSTS_PER_QUERY])]
+        ranges = self.steps(start_ms, end_ms, onset_ms)
+        asked = [(chunk, lo, hi, step) for n, (lo, hi, step) in enumerate(ranges)
+                 for chunk in _chunks(hosts if n + 1 == len(ranges) or baseline_hosts is None
+                                      else [h for h in hosts if h in baseline_hosts])
+                 if self.names(chunk)]
         # the next answer is on its way while one is parsed: Prometheus works on another core
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prometheus") as pool:
             bodies = pool.map(lambda a: self._get(a[0], a[1], a[2], a[3], signals), asked)
@@ -198,6 +203,10 @@ def _no_collection() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def _chunks(hosts: list[str]) -> list[list[str]]:
+    return [hosts[i:i + HOSTS_PER_QUERY] for i in range(0, len(hosts), HOSTS_PER_QUERY)]
 
 
 def _gpu_index(label: str) -> int:

@@ -33,9 +33,10 @@ class GpuHealthStore:
         return f"GpuHealthStore({self.store!r})"
 
     def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int, *, onset_ms: int | None = None,
+                baseline_hosts: frozenset[str] | None = None,
                 signals: frozenset[str] | None = None) -> pd.DataFrame:
-        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (one query at one step: ``onset_ms``
-        and ``signals`` are not used; see :class:`~analyzer.read.gpu_samples.TelemetrySource`)."""
+        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (one query at one step: ``onset_ms``,
+        ``baseline_hosts`` and ``signals`` are not used; see :class:`~analyzer.read.gpu_samples.TelemetrySource`)."""
         self.note = f"gpu_health of job {job}"   # the incident's hosts are its own record's (not the query's)
         if not hosts or end_ms <= start_ms:
             return empty()

@@ -9,9 +9,11 @@ answer (down, slow, an error status, an answer over its limit) raises :class:`So
 with one line saying why; one with nothing for those hosts answers an empty frame and says in
 ``note`` what it looked for.
 
-A check says two more things a source may use to read less: ``onset_ms``, before which only the
+A check says three more things a source may use to read less: ``onset_ms``, before which only the
 baseline's statistics are taken (medians, shares, rates over half an hour: a coarser step serves
-them), and ``signals``, the only signals the check compares (``None``: every one).
+them); ``baseline_hosts``, the only hosts whose samples before ``onset_ms`` it compares (the
+culprits' own past: the peers are compared after the onset only; ``None``: every host); and
+``signals``, the only signals it compares (``None``: every one).
 
 Example::
 
@@ -44,6 +46,7 @@ class TelemetrySource(Protocol):
     note: str   # what the last call looked for, for a summary that found nothing
 
     def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int, *, onset_ms: int | None = None,
+                baseline_hosts: frozenset[str] | None = None,
                 signals: frozenset[str] | None = None) -> pd.DataFrame: ...
 
 

@@ -64,9 +64,10 @@ class TelegrafNvidiaSmi:
         return {"Authorization": f"Token {self._token}"} if self._token else {}
 
     def samples(self, job: str, hosts: list[str], start_ms: int, end_ms: int, *, onset_ms: int | None = None,
+                baseline_hosts: frozenset[str] | None = None,
                 signals: frozenset[str] | None = None) -> pd.DataFrame:
-        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (one query at one step: ``onset_ms``
-        and ``signals`` are not used; see :class:`~analyzer.read.gpu_samples.TelemetrySource`)."""
+        """Every sample of ``hosts`` in ``start_ms`` .. ``end_ms`` (one query at one step: ``onset_ms``,
+        ``baseline_hosts`` and ``signals`` are not used; see :class:`~analyzer.read.gpu_samples.TelemetrySource`)."""
         self.note = f"measurement {self.measurement} in database {self.database}"
         if not hosts or end_ms <= start_ms:
             return empty()

@@ -6,8 +6,9 @@ Per job and cycle, the incidents due (never checked, checked while their onset w
 whole and ``refresh_s`` ago, or last found ``unavailable``) are checked together, at most
 ``max_checks`` of them: per source **one query** over the union of their culprit hosts and
 ``peer_hosts`` of the job's other hosts (:func:`rankscope.gpu_health.peer_nodes`), from the earliest
-baseline to the latest onset window (a source may read the baseline coarser, and a group of compute
-incidents only its signals: :data:`COMPUTE_READ`) (incidents more than 6 hours apart are asked for apart, at
+baseline to the latest onset window (a source may read the baseline coarser and of the culprit
+hosts only, the peers being compared after the onset, and a group of compute incidents only its
+signals: :data:`COMPUTE_READ`) (incidents more than 6 hours apart are asked for apart, at
 most 4 queries a source). A check is ``final`` once its onset window (``window_s`` after the onset,
 plus ``lag_s``) lies inside the job's data: it is kept in the record and never asked for again, a
 restarted analyzer included. A source that is down answers ``unavailable``: one log line (at most
@@ -112,7 +113,7 @@ class HardwareEvidence:
                 with self._lock:
                     self.queries += 1
                 samples = source.samples(job, hosts, start, end, onset_ms=min(i.onset_ms for i in group),
-                                         signals=read)
+                                         baseline_hosts=frozenset(culprits), signals=read)
             except SourceUnavailable as exc:
                 self._log_once(source.name, f"job {job}: {exc}; the incidents say 'unavailable', asked again next cycle")
                 for i in group:
