@@ -97,8 +97,11 @@ def test_budget_an_operators_cordon_and_a_manual_uncordon(influx_store, api, kub
     cordoned = api.get("gpu-node-00018")
     cordoned["spec"]["unschedulable"] = True            # an operator's cordon, no rankscope mark
     api.put(cordoned)
-    write(influx_store, incident("a", ["gpu-node-01295"], rank=800), incident("b", ["gpu-node-00017"], rank=136),
-          incident("c", ["k8s-w-1300"], rank=200), incident("d", ["gpu-node-00018"], rank=144))
+    # onsets a second apart, a first: the actor takes the oldest onset first (created in the same
+    # millisecond, as on a loaded machine, their order was the store's)
+    write(influx_store, incident("a", ["gpu-node-01295"], rank=800, age_s=603),
+          incident("b", ["gpu-node-00017"], rank=136, age_s=602),
+          incident("c", ["k8s-w-1300"], rank=200, age_s=601), incident("d", ["gpu-node-00018"], rank=144))
     by_job = {r.job: r for r in run_pass(influx_store, kube).actions}
     assert (by_job["a"].state, by_job["b"].state) == ("done", "done")
     assert by_job["c"].state == "refused" and "over budget" in by_job["c"].reason

@@ -76,9 +76,10 @@ def test_l3_names_the_rank_and_the_operator_whose_one_call_slowed(analyzed):
     ours = confirmed[confirmed["rank"] == SLOW_RANK]
     assert len(ours) and (ours["iteration"] > SLOW_FROM).all(), shown
     # the operators it names there are the slowed call's: the mark or what runs inside it, and at
-    # least one of them more than the wrapper of the whole forward (which holds every call)
+    # least one of the expert's own (not only the forward's wrapper, which holds every call, nor
+    # aten::mm or aten::t alone, which every linear layer runs)
     assert set(ours["name"]) <= IN_THE_CALL, shown
-    assert set(ours["name"]) - {"DistributedDataParallel.forward"}, shown
+    assert set(ours["name"]) & {OPERATOR, "aten::addmm", "aten::linear", "aten::gelu"}, shown
     assert (ours["step_ratio"] > 1.1).any() and ours["host"].all()
     # a process the 2 shared cores starved for a while may be confirmed too: never as often
     others = confirmed[confirmed["rank"] != SLOW_RANK]

@@ -90,10 +90,17 @@ def test_slow_rank_is_high_in_mlp_and_healthy_ranks_wait_in_the_all_reduce(demo_
 QUIET_SPREAD = 5.5
 
 
+def _excess_ms(df, rank: int, stage: str, onset: int) -> float:
+    """The median time ``rank`` spends in ``stage`` beyond the ranks' median, from ``onset`` on."""
+    after = df[df["iteration"] >= onset].pivot(index="iteration", columns="rank", values=stage)
+    return float((after[rank] - after.median(axis=1)).median())
+
+
 def _judged_the_machine(incidents: list[dict], df) -> str:
     """Why this run says more of the machine than of the code, or "" where it does not (then it
     must name rank 5). 8 processes on 2 cores beside another test worker: a burst of load can starve
-    a healthy rank before the fault (a straggler, rightly named, that hides rank 5's cost), or widen
+    a healthy rank before the fault (a straggler, rightly named, that hides rank 5's cost), or in mlp
+    as the fault begins (confirmed beside rank 5, it is named with it, at a fraction of its cost), or widen
     mlp's spread across ranks until rank 5's 20x reads as 2.5 of the stage's sigmas (an accuracy
     limit of noisy stages, in the closing notes). Only then does the job run once more."""
     if any(i["ranks"] == [SLOW_RANK] and i["stage"] == "mlp" for i in incidents):
@@ -101,6 +108,10 @@ def _judged_the_machine(incidents: list[dict], df) -> str:
     if any(i["class"] == "compute_straggler" and SLOW_RANK not in i["ranks"] and i["onset_iteration"] < SLOW_FROM
            for i in incidents):
         return "a healthy rank was starved before the fault"
+    with_others = [i for i in incidents if i["stage"] == "mlp" and SLOW_RANK in i["ranks"] and len(i["ranks"]) > 1]
+    if with_others and all(_excess_ms(df, r, "mlp", i["onset_iteration"]) < 0.25 * _excess_ms(df, SLOW_RANK, "mlp", i["onset_iteration"])
+                           for i in with_others for r in i["ranks"] if r != SLOW_RANK):
+        return "a healthy rank was starved in mlp as the fault began (confirmed with rank 5, at a fraction of its cost)"
     before = df[(df["iteration"] < SLOW_FROM) & (df["rank"] != SLOW_RANK)]
     q = before.groupby("rank")["mlp"].quantile([0.1, 0.9]).unstack()
     spread = float((q[0.9] / q[0.1]).median())
@@ -141,15 +152,11 @@ def test_analyzer_names_the_slow_rank_as_compute_straggler(demo_run, influx_url)
     # iterations (8 processes on 2 cores) may be flagged in a ~1 ms stage, but the time
     # it loses is small against rank 5's
 
-    def excess_ms(rank: int, stage: str, onset: int) -> float:
-        after = df[df["iteration"] >= onset].pivot(index="iteration", columns="rank", values=stage)
-        return float((after[rank] - after.median(axis=1)).median())
-
-    lost = excess_ms(SLOW_RANK, "mlp", first["onset_iteration"])
+    lost = _excess_ms(df, SLOW_RANK, "mlp", first["onset_iteration"])
     assert lost > 50
     for other in (i for i in stragglers if i not in named):
         for r in other["ranks"]:
-            assert excess_ms(r, other["stage"], other["onset_iteration"]) < 0.25 * lost, other
+            assert _excess_ms(df, r, other["stage"], other["onset_iteration"]) < 0.25 * lost, other
 
 
 def test_torch_demo_command(tmp_path, capsys):

@@ -58,22 +58,31 @@ def complete_nodes(ranks: np.ndarray, now: np.ndarray, before: np.ndarray, s: in
 def rises(ranks: np.ndarray, onsets: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, onset: int,
           values: np.ndarray, iterations: np.ndarray) -> tuple[np.ndarray, float]:
     """How far each of ``ranks`` rose in stage ``s`` since its own onset (``onsets``), and how far
-    ``culprits`` rose in their stage since their ``onset`` (median; NaN without iterations on both
-    sides). Each rise is measured from its own onset: a rank that turned slow long after the
-    incident began, measured from the incident's onset, would average its slow stretch with the
-    healthy one before it. ``values``: the window ``[T, R, S]`` of the kept ``iterations``."""
-    ranks = np.asarray(ranks, dtype=np.int64)
-    then = iterations < onset
-    if not then.any() or not (~then).any():
-        return np.full(len(ranks), np.nan), float("nan")
+    ``culprits`` rose in their stage since their ``onset`` (medians). Each rise is measured from its
+    own onset: a rank that turned slow long after the incident began, measured from the incident's
+    onset, would average its slow stretch with the healthy one before it. Where the window keeps no
+    iteration before an onset (an incident older than the window), that rise is the time since the
+    onset against the job's median in the stage, iteration by iteration. ``values``: the window
+    ``[T, R, S]`` of the kept ``iterations``."""
+    ranks, culprits = np.asarray(ranks, dtype=np.int64), np.asarray(culprits, dtype=np.int64)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         late = iterations[:, None] >= np.asarray(onsets)[None, :]                   # [T, ranks]
         own = values[:, ranks, s]
         rise = np.nanmedian(np.where(late, own, np.nan), axis=0) / np.nanmedian(np.where(late, np.nan, own), axis=0)
-        theirs = np.nanmedian(np.nanmedian(values[~then][:, culprits, s_culprits], axis=0)
-                              / np.nanmedian(values[then][:, culprits, s_culprits], axis=0))
+        rise = np.where(np.isfinite(rise), rise, np.nanmedian(np.where(late, _against_job(values, s, ranks), np.nan), axis=0))
+        then = iterations < onset
+        if then.any() and (~then).any():
+            theirs = np.nanmedian(np.nanmedian(values[~then][:, culprits, s_culprits], axis=0)
+                                  / np.nanmedian(values[then][:, culprits, s_culprits], axis=0))
+        else:
+            theirs = np.nanmedian(np.nanmedian(_against_job(values[~then], s_culprits, culprits), axis=0))
     return rise, float(theirs)
+
+
+def _against_job(values: np.ndarray, s: int, ranks: np.ndarray) -> np.ndarray:
+    """``[T, ranks]``: each rank's time in stage ``s`` over the job's median of that iteration."""
+    return values[:, ranks, s] / np.nanmedian(values[:, :, s], axis=1)[:, None]
 
 
 def far_slower(rise: np.ndarray, theirs: float) -> np.ndarray:
@@ -90,8 +99,7 @@ def rose_with(ranks: np.ndarray, onsets: np.ndarray, s: int, culprits: np.ndarra
     their stage (:func:`rises`; each rise at least :data:`SHARE` of the other): a rank of a slow
     node that is slow by the node's fault, not a GPU the OS preempted for a while beside a far
     slower one, nor a far slower GPU beside a few preempted ones (culprits that did not rise at all
-    are like no risen rank). Where nothing could be measured (no iteration before the onset kept),
-    every rank counts."""
+    are like no risen rank). Where nothing could be measured, every rank counts."""
     rise, theirs = rises(ranks, onsets, s, culprits, s_culprits, onset, values, iterations)
     if not np.isfinite(theirs):
         return np.ones(len(rise), dtype=bool)

@@ -53,7 +53,8 @@ class StragglerRule(Rule):
     def __init__(self, job: str, topo: Topology, stages: StageSet, cfg: AnalyzerConfig, cells: RankCells):
         super().__init__(job, topo, stages, cfg)
         self.cells = cells
-        self._apart: set[int] = set()
+        # rank -> the open incidents it is a culprit of and far slower than, now (one detect call)
+        self._apart: dict[int, set[str]] = {}
 
     def class_of(self, stage: int) -> IncidentClass:
         return (IncidentClass.HOST_STALL if self.stages.stages[stage].kind == "host"
@@ -65,7 +66,7 @@ class StragglerRule(Rule):
         if not confirmed.any():
             return []
         out: list[Incident] = []
-        self._apart: set[int] = set()   # culprits of an open incident far slower in another stage now
+        self._apart = {}   # culprits of an open incident far slower now in another stage
         gap = onset_gap(self.cfg.transient_max)
         ranks_c, stages_c = np.nonzero(confirmed)
         for s in np.unique(stages_c):
@@ -85,8 +86,8 @@ class StragglerRule(Rule):
         cls = self.class_of(s)
         d = descend_in_stage(ranks, int(onsets.min()), s, obs, self.topo, self.stages, self.cfg)
         self.cells.claim(np.union1d(ranks, d.ranks), s)
-        held = None if self._apart & set(d.ranks.tolist()) else \
-            next((i for i in book.open() if i.cls == cls and np.isin(d.ranks, i.ranks).all()), None)
+        held = next((i for i in book.open() if i.cls == cls and np.isin(d.ranks, i.ranks).all()
+                     and not any(i.id in self._apart.get(int(r), ()) for r in d.ranks)), None)
         if held is not None:   # they wait for the culprit of an open incident (found in another stage)
             note_descent(held, d)
             out.append(held)
@@ -123,16 +124,18 @@ class StragglerRule(Rule):
                     ranks[same_node], onsets[same_node], s, np.asarray(inc.ranks, dtype=np.int64),
                     self.stages.index(inc.stage), inc.onset_iteration, win.values, win.iterations)
             ours = np.isin(ranks, inc.ranks)
+            apart = np.zeros(len(ranks), dtype=bool)
             if ours.any() and inc.stage != stage:   # its culprits, slow in another stage: far slower there
                 rise, theirs = rises(ranks[ours], onsets[ours], s, np.asarray(inc.ranks, dtype=np.int64),
                                      self.stages.index(inc.stage), inc.onset_iteration, obs.window.values,
                                      obs.window.iterations)
-                far = far_slower(rise, theirs)   # is a fault of its own (a new incident), not the same
-                self._apart.update(ranks[ours][far].tolist())
-                ours[ours] = ~far
-            join = ours | same_node | (near & close & (inc.stage == stage))
+                apart[ours] = far_slower(rise, theirs)   # is a fault of its own (a new incident), not the same
+                for r in ranks[apart].tolist():
+                    self._apart.setdefault(r, set()).add(inc.id)
+                ours &= ~apart
+            join = (ours | same_node | (near & close & (inc.stage == stage))) & ~apart
             if 2 * ours.sum() >= len(ranks):   # mostly its culprits: the rest come with them
-                join[:] = True
+                join = ~apart
             if not join.any():
                 continue
             take = ranks[join]
