@@ -5,7 +5,7 @@ tests/test_torch_run.py on 2 cores), where a rank the OS preempts for a while st
 
 Rank 5 turns 9x slower in ``mlp`` (35 ms) at iteration 15, and its peers wait for it in the
 all-reduce. Before it, a preempted rank's ``attention`` was hot long enough for an incident of
-its own (or rank 5's own was). Measured from the earlier incident's onset, rank 5's rise in
+its own (or rank 5's own was), or a rank preempted in ``mlp`` as it began is confirmed with it. Measured from the earlier incident's onset, rank 5's rise in
 ``mlp`` averages its healthy stretch with its slow one and looks like the preempted rank's; the
 verdict must still be rank 5 in ``mlp`` from iteration 15.
 """
@@ -55,7 +55,9 @@ def _verdicts(cube: LatencyCube) -> list[tuple[str, list[int], str, int]]:
     [(7, "attention", 5, 10, 8.0), (1, "attention", 14, 19, 8.0)],
     # rank 5 itself, a little slow in attention from the start (an incident of its own first)
     [(SLOW, "attention", 2, ITERATIONS, 4.0)],
-], ids=["a preempted rank first", "its own smaller incident first"])
+    # a rank preempted in mlp as the fault begins, confirmed with rank 5 in the same iteration
+    [(3, "mlp", ONSET, ONSET + 7, 2.5)],
+], ids=["a preempted rank first", "its own smaller incident first", "a preempted rank beside it"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_far_slower_stage_is_named_in_that_stage_from_its_own_onset(before, seed):
     found = _verdicts(_cube([*before, (SLOW, "mlp", ONSET, ITERATIONS, 9.0)], seed))

@@ -3,9 +3,11 @@
 A (rank, stage) cell hot for more than ``transient_max`` iterations in a row
 is confirmed: a compute straggler when the stage is compute-only, a host
 stall when it is host-side (the data loader). Ranks confirmed together
-(onsets within ``transient_max + 1`` iterations, at most a node apart) form one
-incident; ranks confirmed later that overlap an open incident, or sit next to
-it with a close onset in the same stage, join it; but a culprit far slower now
+(onsets within ``transient_max + 1`` iterations, at most a node apart) that
+rose alike form one incident (one far more or far less risen than the others
+is a fault apart); ranks confirmed later that overlap an open incident, or sit
+on its node or next to it with a close onset in the same stage having risen
+about as much as its culprits, join it; but a culprit far slower now
 in another stage than in the incident's (its rise from its own onset against
 theirs: :func:`~analyzer.diagnosis.node_culprits.far_slower`) is a fault of its
 own, named in that stage. The incident stays active while at least half of its
@@ -72,11 +74,32 @@ class StragglerRule(Rule):
         for s in np.unique(stages_c):
             s = int(s)
             ranks = np.unique(ranks_c[stages_c == s])
-            for part_r, part_o in split_by_onset_and_place(ranks, cells.onset[ranks, s], gap, self.topo):
+            parts = split_by_onset_and_place(ranks, cells.onset[ranks, s], gap, self.topo)
+            for part_r, part_o in self._alike(parts, s, obs):
                 # each part in turn: a part may join the incident the one before it opened
                 part_r, part_o = self._join_open(part_r, part_o, s, self.class_of(s), obs, book, out)
                 if len(part_r):
                     self._open(part_r, part_o, s, obs, book, out)
+        return out
+
+    def _alike(self, parts: list[tuple[np.ndarray, np.ndarray]], s: int,
+               obs: Observation) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``parts`` split by how far each rank rose in the stage from its own onset, against the
+        part's median rise (:func:`~analyzer.diagnosis.node_culprits.far_slower` both ways): the
+        far slower first, then the body, then the far less risen. A rank the OS starved for a few
+        iterations as another's fault began is confirmed beside it, not by its fault."""
+        out = []
+        win = obs.window
+        for part_r, part_o in parts:
+            if len(part_r) < 2:
+                out.append((part_r, part_o))
+                continue
+            rise, _ = rises(part_r, part_o, s, part_r, s, int(part_o.min()), win.values, win.iterations)
+            mid = float(np.nanmedian(rise)) if np.isfinite(rise).any() else float("nan")
+            far, low = far_slower(rise, mid), far_slower(np.full(len(rise), mid), rise) & np.isfinite(rise)
+            for keep in (far, ~far & ~low, low):
+                if keep.any():
+                    out.append((part_r[keep], part_o[keep]))
         return out
 
     def _open(self, ranks: np.ndarray, onsets: np.ndarray, s: int, obs: Observation, book: IncidentBook,
@@ -118,11 +141,14 @@ class StragglerRule(Rule):
             near = np.abs(onsets - inc.onset_iteration) <= gap
             close = distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node
             same_node = np.isin(self.topo.node_index[ranks], inc.nodes)
-            if same_node.any():   # by the node's fault: risen as much as its culprits, about
-                win = obs.window
-                same_node[same_node] = rose_with(
-                    ranks[same_node], onsets[same_node], s, np.asarray(inc.ranks, dtype=np.int64),
-                    self.stages.index(inc.stage), inc.onset_iteration, win.values, win.iterations)
+            beside = near & close & (inc.stage == stage)
+            if (same_node | beside).any():   # by the same fault: risen as much as its culprits, about
+                win, by = obs.window, same_node | beside
+                alike = np.zeros(len(ranks), dtype=bool)
+                alike[by] = rose_with(ranks[by], onsets[by], s, np.asarray(inc.ranks, dtype=np.int64),
+                                      self.stages.index(inc.stage), inc.onset_iteration, win.values, win.iterations)
+                same_node &= alike
+                beside &= alike
             ours = np.isin(ranks, inc.ranks)
             apart = np.zeros(len(ranks), dtype=bool)
             if ours.any() and inc.stage != stage:   # its culprits, slow in another stage: far slower there
@@ -133,7 +159,7 @@ class StragglerRule(Rule):
                 for r in ranks[apart].tolist():
                     self._apart.setdefault(r, set()).add(inc.id)
                 ours &= ~apart
-            join = (ours | same_node | (near & close & (inc.stage == stage))) & ~apart
+            join = (ours | same_node | beside) & ~apart
             if 2 * ours.sum() >= len(ranks):   # mostly its culprits: the rest come with them
                 join = ~apart
             if not join.any():
