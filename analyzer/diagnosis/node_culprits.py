@@ -85,12 +85,13 @@ def _against_job(values: np.ndarray, s: int, ranks: np.ndarray) -> np.ndarray:
     return values[:, ranks, s] / np.nanmedian(values[:, :, s], axis=1)[:, None]
 
 
-def far_slower(rise: np.ndarray, theirs: float) -> np.ndarray:
+def far_slower(rise: np.ndarray | float, theirs: np.ndarray | float) -> np.ndarray:
     """Rises far above the culprits' (theirs under :data:`SHARE` of them): a fault of its own.
-    Where the culprits did not rise, any rise is; where nothing could be measured (NaN), none."""
-    rise = np.asarray(rise, dtype=float)
+    Where the culprits did not rise, any rise is; where nothing could be measured (NaN), none.
+    Either side may be one number or an array (``far_slower(theirs, rise)``: the ranks far less
+    risen than the culprits)."""
     with np.errstate(invalid="ignore"):
-        return theirs < 1.0 + SHARE * (rise - 1.0)
+        return np.asarray(theirs, dtype=float) < 1.0 + SHARE * (np.asarray(rise, dtype=float) - 1.0)
 
 
 def rose_with(ranks: np.ndarray, onsets: np.ndarray, s: int, culprits: np.ndarray, s_culprits: int, onset: int,
@@ -103,4 +104,4 @@ def rose_with(ranks: np.ndarray, onsets: np.ndarray, s: int, culprits: np.ndarra
     rise, theirs = rises(ranks, onsets, s, culprits, s_culprits, onset, values, iterations)
     if not np.isfinite(theirs):
         return np.ones(len(rise), dtype=bool)
-    return ~(rise < 1.0 + SHARE * (theirs - 1.0)) & ~far_slower(rise, theirs)
+    return ~far_slower(theirs, rise) & ~far_slower(rise, theirs)

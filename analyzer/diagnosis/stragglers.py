@@ -68,7 +68,7 @@ class StragglerRule(Rule):
         if not confirmed.any():
             return []
         out: list[Incident] = []
-        self._apart = {}   # culprits of an open incident far slower now in another stage
+        self._apart = {}
         gap = onset_gap(self.cfg.transient_max)
         ranks_c, stages_c = np.nonzero(confirmed)
         for s in np.unique(stages_c):
@@ -96,7 +96,7 @@ class StragglerRule(Rule):
                 continue
             rise, _ = rises(part_r, part_o, s, part_r, s, int(part_o.min()), win.values, win.iterations)
             mid = float(np.nanmedian(rise)) if np.isfinite(rise).any() else float("nan")
-            far, low = far_slower(rise, mid), far_slower(np.full(len(rise), mid), rise) & np.isfinite(rise)
+            far, low = far_slower(rise, mid), far_slower(mid, rise)
             for keep in (far, ~far & ~low, low):
                 if keep.any():
                     out.append((part_r[keep], part_o[keep]))
@@ -141,9 +141,10 @@ class StragglerRule(Rule):
             near = np.abs(onsets - inc.onset_iteration) <= gap
             close = distance(ranks, np.asarray(inc.ranks)) <= self.topo.gpus_per_node
             same_node = np.isin(self.topo.node_index[ranks], inc.nodes)
+            win = obs.window
             beside = near & close & (inc.stage == stage)
             if (same_node | beside).any():   # by the same fault: risen as much as its culprits, about
-                win, by = obs.window, same_node | beside
+                by = same_node | beside
                 alike = np.zeros(len(ranks), dtype=bool)
                 alike[by] = rose_with(ranks[by], onsets[by], s, np.asarray(inc.ranks, dtype=np.int64),
                                       self.stages.index(inc.stage), inc.onset_iteration, win.values, win.iterations)
@@ -153,8 +154,7 @@ class StragglerRule(Rule):
             apart = np.zeros(len(ranks), dtype=bool)
             if ours.any() and inc.stage != stage:   # its culprits, slow in another stage: far slower there
                 rise, theirs = rises(ranks[ours], onsets[ours], s, np.asarray(inc.ranks, dtype=np.int64),
-                                     self.stages.index(inc.stage), inc.onset_iteration, obs.window.values,
-                                     obs.window.iterations)
+                                     self.stages.index(inc.stage), inc.onset_iteration, win.values, win.iterations)
                 apart[ours] = far_slower(rise, theirs)   # is a fault of its own (a new incident), not the same
                 for r in ranks[apart].tolist():
                     self._apart.setdefault(r, set()).add(inc.id)
